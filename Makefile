@@ -1,0 +1,29 @@
+# Quick start: `make demo` and `make test`. Each target creates or updates the
+# project's own environment (.venv) when pyproject.toml changed.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# CPU machines take the pinned CPU wheel; on a GPU machine install your own
+# torch into .venv first and run `make ... TORCH=` to keep it.
+TORCH ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test golden clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(if $(strip $(TORCH)),$(PY) -m pip install -q "$(TORCH)",)
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) run.py
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(VENV) outputs multirun .pytest_cache
