@@ -1,0 +1,133 @@
+"""The one primitive every schedule uses: a call.
+
+A call is a packed list of rows, each row = (token id or MASK, position id, role),
+plus an attention rule over [KV cache + rows]. Every row sees the whole committed
+cache; `attend[i, j]` says whether row i also sees row j of the same call. A model
+adapter turns a call into one forward pass and returns one logit vector per row.
+The schedule then commits a prefix of the call's rows (a cache crop).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+class Role(enum.IntEnum):
+    """What a row is for. VERIFY rows are read in AR mode (clean tokens, causal),
+    DRAFT rows belong to a diffusion block (proposal rows; the LoRA of the
+    proposal-only adapter applies to them), PAD rows only fill a segment to a fixed
+    size and are never read."""
+
+    VERIFY = 0
+    DRAFT = 1
+    PAD = 2
+
+
+@dataclass(frozen=True)
+class Call:
+    tokens: torch.Tensor  # (R,) long: token id, or the model's mask id
+    positions: torch.Tensor  # (R,) long: position id of each row
+    roles: torch.Tensor  # (R,) uint8: Role of each row
+    attend: torch.Tensor  # (R, R) bool: attend[i, j] = row i sees row j of this call
+
+    @property
+    def rows(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def rows_useful(self) -> int:
+        """Rows that are not padding (their output is read or their KV may be committed)."""
+        return self.rows - int((self.roles == Role.PAD).sum())
+
+
+class CallModel(Protocol):
+    """What a schedule needs from a model. Implemented by the adapters in packedss.models."""
+
+    device: torch.device
+    mask_token_id: int
+
+    def run(self, call: Call) -> torch.Tensor:
+        """Execute the call in one forward pass; return logits (R, V). The KV of every
+        row is held tentatively until `commit`."""
+
+    def commit(self, rows: int) -> None:
+        """Keep the KV of the first `rows` rows of the last call, drop the rest."""
+
+    def reset(self) -> None:
+        """Drop the whole cache (a new response)."""
+
+    def synchronize(self) -> None:
+        """Wait for the device (CUDA) so that a call's time can be measured."""
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Rows of a call under construction; `attend` is the segment's internal rule."""
+
+    tokens: torch.Tensor
+    positions: torch.Tensor
+    roles: torch.Tensor
+    attend: torch.Tensor
+
+    @property
+    def rows(self) -> int:
+        return int(self.tokens.shape[0])
+
+
+def _segment(tokens: torch.Tensor, positions: torch.Tensor, role: Role, attend: torch.Tensor) -> Segment:
+    roles = torch.full((tokens.shape[0],), int(role), dtype=torch.uint8, device=tokens.device)
+    return Segment(tokens, positions, roles, attend)
+
+
+def causal_segment(tokens: torch.Tensor, first_position: int) -> Segment:
+    """Clean rows in AR mode: consecutive positions, each row sees itself and earlier rows."""
+    rows = tokens.shape[0]
+    positions = torch.arange(first_position, first_position + rows, device=tokens.device)
+    attend = torch.ones(rows, rows, dtype=torch.bool, device=tokens.device).tril_()
+    return _segment(tokens, positions, Role.VERIFY, attend)
+
+
+def block_segment(tokens: torch.Tensor, first_position: int) -> Segment:
+    """A diffusion block: consecutive positions, every row sees every row of the block."""
+    rows = tokens.shape[0]
+    positions = torch.arange(first_position, first_position + rows, device=tokens.device)
+    attend = torch.ones(rows, rows, dtype=torch.bool, device=tokens.device)
+    return _segment(tokens, positions, Role.DRAFT, attend)
+
+
+def pad_segment(rows: int, mask_token_id: int, position: int, device: torch.device) -> Segment:
+    """Padding rows (MASK tokens at one position) that see only themselves; their output is never read."""
+    tokens = torch.full((rows,), mask_token_id, dtype=torch.long, device=device)
+    positions = torch.full((rows,), position, dtype=torch.long, device=device)
+    attend = torch.eye(rows, dtype=torch.bool, device=device)
+    return _segment(tokens, positions, Role.PAD, attend)
+
+
+def draft_block(last_token: torch.Tensor, last_position: int, width: int, mask_token_id: int) -> Segment:
+    """The LTR drafter's block [last@n, MASK@n+1..n+W] (B = W+1 rows)."""
+    masks = torch.full((width,), mask_token_id, dtype=torch.long, device=last_token.device)
+    return block_segment(torch.cat([last_token.view(1), masks]), last_position)
+
+
+def pack(segments: list[Segment], sees: dict[tuple[int, int], torch.Tensor] | None = None) -> Call:
+    """Concatenate segments into one call. Segments do not see each other unless `sees`
+    maps (i, j) to a bool matrix (rows of segment i x rows of segment j) of extra visibility."""
+    device = segments[0].tokens.device
+    sizes = [s.rows for s in segments]
+    starts = [sum(sizes[:k]) for k in range(len(sizes))]
+    total = sum(sizes)
+    attend = torch.zeros(total, total, dtype=torch.bool, device=device)
+    for k, seg in enumerate(segments):
+        attend[starts[k] : starts[k] + sizes[k], starts[k] : starts[k] + sizes[k]] = seg.attend
+    for (i, j), block in (sees or {}).items():
+        attend[starts[i] : starts[i] + sizes[i], starts[j] : starts[j] + sizes[j]] = block
+    return Call(
+        tokens=torch.cat([s.tokens for s in segments]),
+        positions=torch.cat([s.positions for s in segments]),
+        roles=torch.cat([s.roles for s in segments]),
+        attend=attend,
+    )

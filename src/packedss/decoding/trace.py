@@ -1,0 +1,132 @@
+"""Per-response bookkeeping: emitted tokens, stops, and every cost field of a record (SPEC §5)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from packedss.decoding.calls import Call, CallModel
+
+# (tokens emitted so far, how many of them are new) -> how many tokens to keep when a
+# stop string was completed by one of the new tokens, else None.
+StopCheck = Callable[[Sequence[int], int], "int | None"]
+
+
+@dataclass
+class Decoded:
+    """One response and what it cost. `accepted` holds the tokens emitted per iteration after
+    prefill (the prefill call emits the first token), so that
+    1 + sum(accepted) - truncated_tokens == len(tokens)."""
+
+    tokens: list[int]
+    finish_reason: str  # "eos" | "max_tokens" | "stop"
+    prompt_tokens: int
+    nfe_total: int
+    nfe_prefill: int
+    iterations: int
+    accepted: list[int]
+    rows_evaluated: list[int]
+    rows_useful: list[int]
+    draft_proposed: int
+    draft_accepted: int
+    truncated_tokens: int
+    wall_s: float
+    model_s: float
+    nonmodel_s: float
+    extra: dict = field(default_factory=dict)  # family-specific per-call fields (e.g. any-order u, p)
+
+    def cost_fields(self) -> dict:
+        fields = asdict(self)
+        fields.pop("tokens")
+        fields.pop("extra")
+        return fields | self.extra
+
+
+class Emitter:
+    """Collects emitted tokens and applies the stops: EOS, max_new_tokens, stop strings.
+    Tokens emitted past a stop are discarded and counted in `truncated_tokens`."""
+
+    def __init__(self, max_new_tokens: int, eos_token_ids: Sequence[int], stop_check: StopCheck | None):
+        self.max_new_tokens = max_new_tokens
+        self.eos = frozenset(eos_token_ids)
+        self.stop_check = stop_check
+        self.tokens: list[int] = []
+        self.finish_reason: str | None = None
+        self.truncated_tokens = 0
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def emit(self, new: Sequence[int]) -> bool:
+        """Append the tokens of one call; returns True when decoding must stop."""
+        keep, reason = len(new), None
+        for k, token in enumerate(new):
+            if token in self.eos:
+                keep, reason = k + 1, "eos"
+                break
+        room = self.max_new_tokens - len(self.tokens)
+        if keep > room or (keep == room and reason is None):
+            keep, reason = room, "max_tokens"
+        self.tokens.extend(new[:keep])
+        if self.stop_check is not None and keep > 0:
+            cut = self.stop_check(self.tokens, keep)
+            if cut is not None:
+                keep -= len(self.tokens) - cut
+                del self.tokens[cut:]
+                reason = "stop"
+        self.truncated_tokens = len(new) - keep
+        self.finish_reason = reason
+        return reason is not None
+
+
+class Meter:
+    """Runs calls on a model, timing each with a device synchronize and counting rows."""
+
+    def __init__(self, model: CallModel):
+        self.model = model
+        self.rows_evaluated: list[int] = []
+        self.rows_useful: list[int] = []
+        self.model_s = 0.0
+        self.started = time.perf_counter()
+
+    def run(self, call: Call) -> torch.Tensor:
+        start = time.perf_counter()
+        logits = self.model.run(call)
+        self.model.synchronize()
+        self.model_s += time.perf_counter() - start
+        self.rows_evaluated.append(call.rows)
+        self.rows_useful.append(call.rows_useful)
+        return logits
+
+    def finish(
+        self,
+        emitter: Emitter,
+        prompt_tokens: int,
+        accepted: list[int],
+        draft_proposed: int,
+        draft_accepted: int,
+        extra: dict | None = None,
+    ) -> Decoded:
+        wall_s = time.perf_counter() - self.started
+        return Decoded(
+            tokens=list(emitter.tokens),
+            finish_reason=emitter.finish_reason or "max_tokens",
+            prompt_tokens=prompt_tokens,
+            nfe_total=len(self.rows_evaluated),
+            nfe_prefill=1,
+            iterations=len(accepted),
+            accepted=accepted,
+            rows_evaluated=self.rows_evaluated,
+            rows_useful=self.rows_useful,
+            draft_proposed=draft_proposed,
+            draft_accepted=draft_accepted,
+            truncated_tokens=emitter.truncated_tokens,
+            wall_s=wall_s,
+            model_s=self.model_s,
+            nonmodel_s=wall_s - self.model_s,
+            extra=extra or {},
+        )

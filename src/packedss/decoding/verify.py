@@ -1,0 +1,101 @@
+"""Drafting and verification rules (all on the device; one host sync per verification).
+
+- T = 0: greedy exact match against the verifier's argmax.
+- `rejection`: speculative sampling; accept d_i with probability min(1, p_i(d_i)/q_i(d_i)),
+  on rejection sample from norm(max(0, p_i - q_i)); bonus from p when all are accepted.
+- `match`: sample v_i ~ p_i, accept while v_i == d_i, emit the v's.
+Both sampling rules preserve the verifier's distribution p exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+VERIFY_RULES = ("greedy", "rejection", "match")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temperature: float
+    rule: str  # "rejection" or "match"; ignored at T = 0
+    generator: torch.Generator | None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    """softmax(logits / T), computed in at least float32."""
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    return torch.softmax(logits / temperature, dim=-1)
+
+
+def sample_tokens(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One sample per row of a (R, V) probability matrix."""
+    return torch.multinomial(probs, 1, generator=generator).view(-1)
+
+
+def propose(draft_logits: torch.Tensor, sampling: Sampling) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Draft tokens from the drafter's logits (W, V), plus the distribution q they were sampled
+    from (None when greedy)."""
+    if sampling.greedy:
+        return draft_logits.argmax(dim=-1), None
+    q = probabilities(draft_logits, sampling.temperature)
+    return sample_tokens(q, sampling.generator), q
+
+
+def next_token(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
+    """The verifier's own token from one row of logits (V,): argmax at T = 0, else a sample."""
+    if sampling.greedy:
+        return logits.argmax(dim=-1).view(1)
+    return sample_tokens(probabilities(logits.view(1, -1), sampling.temperature), sampling.generator)
+
+
+def _accepted_prefix(accept: torch.Tensor) -> torch.Tensor:
+    """Length of the all-True prefix of a bool vector, as a 0-d tensor."""
+    return accept.to(torch.long).cumprod(dim=0).sum()
+
+
+def verify(
+    verifier_logits: torch.Tensor,
+    drafts: torch.Tensor,
+    draft_probs: torch.Tensor | None,
+    sampling: Sampling,
+) -> list[int]:
+    """Verify m drafts with m+1 verifier rows (row i predicts the position of draft i+1; row m
+    gives the bonus). Returns the emitted tokens: the h accepted drafts and one more token
+    (correction or bonus), so 1 <= len <= m+1."""
+    m = drafts.shape[0]
+    if sampling.greedy:
+        verified = verifier_logits.argmax(dim=-1)
+        h = _accepted_prefix(verified[:m] == drafts)
+        packed = torch.cat([h.view(1), verified])
+        out = packed.tolist()
+        return out[1 : out[0] + 2]
+    p = probabilities(verifier_logits, sampling.temperature)
+    if sampling.rule == "match":
+        verified = sample_tokens(p, sampling.generator)
+        h = _accepted_prefix(verified[:m] == drafts)
+        out = torch.cat([h.view(1), verified]).tolist()
+        return out[1 : out[0] + 2]
+    if sampling.rule != "rejection":
+        raise ValueError(f"unknown verification rule {sampling.rule!r}; valid: {VERIFY_RULES}")
+    rows = torch.arange(m, device=drafts.device)
+    p_draft = p[rows, drafts]
+    q_draft = draft_probs[rows, drafts]
+    uniform = torch.rand(m, generator=sampling.generator, device=p.device, dtype=p.dtype)
+    h = _accepted_prefix(uniform * q_draft < p_draft)
+    # Row h of [q; 0]: the residual norm(max(0, p_h - q_h)) on rejection, p_m itself for the bonus.
+    q_ext = torch.cat([draft_probs, torch.zeros_like(p[:1])])
+    p_h = p.index_select(0, h.view(1))
+    residual = (p_h - q_ext.index_select(0, h.view(1))).clamp_(min=0)
+    mass = residual.sum(dim=-1, keepdim=True)
+    residual = torch.where(mass > 0, residual / mass.clamp(min=torch.finfo(p.dtype).tiny), p_h)
+    last = sample_tokens(residual, sampling.generator)
+    out = torch.cat([h.view(1), drafts, last]).tolist()
+    h_int = out[0]
+    return out[1 : 1 + h_int] + [out[-1]]

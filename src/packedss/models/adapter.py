@@ -1,0 +1,93 @@
+"""Execute a call (packedss.decoding.calls.Call) on a transformers backbone plus a linear head.
+
+One forward pass per call: a custom additive 4D mask over [KV cache + rows] (transformers
+passes a 4D mask through unchanged), per-row position ids, and a DynamicCache that holds
+the call's KV tentatively until the schedule commits a prefix of its rows (a crop).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import DynamicCache, PreTrainedModel
+
+from packedss.decoding.calls import Call, Role
+
+
+class BackboneAdapter:
+    """A dual-mode model seen through calls. The same network serves AR rows and draft rows;
+    which rows are read as what is the schedule's business, not the adapter's."""
+
+    def __init__(
+        self,
+        backbone: PreTrainedModel,
+        head: nn.Linear,
+        mask_token_id: int,
+        eos_token_ids: tuple[int, ...],
+        block_size: int | None = None,
+        name: str = "model",
+    ):
+        self.backbone = backbone.eval()
+        self.head = head.eval()
+        self.mask_token_id = int(mask_token_id)
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self.block_size = block_size  # the largest block the drafter was trained on (None: unknown)
+        self.name = name
+        self.device = next(backbone.parameters()).device
+        self.dtype = next(backbone.parameters()).dtype
+        self.cache = DynamicCache(config=backbone.config)
+        self.proposal_lora = None  # set by packedss.models.lora.attach_proposal_lora
+        self._pending_rows: int | None = None
+
+    @property
+    def cached_rows(self) -> int:
+        return self.cache.get_seq_length()
+
+    def additive_mask(self, call: Call) -> torch.Tensor:
+        """(1, 1, R, C + R): 0 where a row may attend, the dtype's minimum elsewhere."""
+        allowed = torch.cat(
+            [torch.ones(call.rows, self.cached_rows, dtype=torch.bool, device=self.device), call.attend], dim=1
+        )
+        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
+        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        return mask[None, None]
+
+    @torch.inference_mode()
+    def run(self, call: Call) -> torch.Tensor:
+        if self._pending_rows is not None:
+            raise RuntimeError("commit() the previous call before running the next one")
+        lora_rows = None
+        if self.proposal_lora is not None:
+            lora_rows = call.roles == int(Role.DRAFT)
+            self.proposal_lora.select(lora_rows)
+        try:
+            out = self.backbone(
+                input_ids=call.tokens[None],
+                position_ids=call.positions[None],
+                attention_mask=self.additive_mask(call),
+                cache=self.cache,
+                use_cache=True,
+            )
+        finally:
+            if lora_rows is not None:
+                self.proposal_lora.select(None)
+        self._pending_rows = call.rows
+        return self.head(out.last_hidden_state[0])
+
+    def commit(self, rows: int) -> None:
+        if self._pending_rows is None:
+            raise RuntimeError("commit() without a call to commit")
+        if not 0 <= rows <= self._pending_rows:
+            raise ValueError(f"cannot commit {rows} rows of a call of {self._pending_rows}")
+        dropped = self._pending_rows - rows
+        if dropped:
+            self.cache.crop(-dropped)
+        self._pending_rows = None
+
+    def reset(self) -> None:
+        self.cache = DynamicCache(config=self.backbone.config)
+        self._pending_rows = None
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
