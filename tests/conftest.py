@@ -1,0 +1,53 @@
+"""Shared fixtures: tiny random-weight checkpoints written in the real formats (never downloaded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+from transformers import Ministral3Config, Ministral3Model
+
+from packedss.models.nemotron import load_nemotron, save_nemotron
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+TINY_VOCAB = 40
+MASK_ID = 3
+EOS_ID = 2
+
+
+def write_random_nemotron(path: Path, seed: int = 0, vocab: int = TINY_VOCAB, layers: int = 2) -> Path:
+    torch.manual_seed(seed)
+    config = Ministral3Config(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        max_position_embeddings=1024,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "llama_4_scaling_beta": 0.1, "original_max_position_embeddings": 1024},
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=EOS_ID,
+    )
+    backbone = Ministral3Model(config)
+    head = nn.Linear(config.hidden_size, vocab, bias=False)
+    # Larger weights give a peakier, more repetitive random model, so drafts sometimes match.
+    with torch.no_grad():
+        head.weight.mul_(8.0)
+    save_nemotron(path, backbone, head, {"mask_token_id": MASK_ID, "block_size": 32})
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tmp_path_factory) -> Path:
+    return write_random_nemotron(tmp_path_factory.mktemp("tiny-nemotron"))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_checkpoint):
+    return load_nemotron(tiny_checkpoint, device="cpu", dtype="float64")
