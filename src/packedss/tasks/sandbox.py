@@ -1,0 +1,271 @@
+"""Run an untrusted Python program in a separate, limited process.
+
+Guarantees (see tasks/README.md for the limits):
+- a fresh temporary working directory, deleted afterwards; stdin = /dev/null; only fds 0-2
+  inherited (close_fds); a scrubbed environment (minimal PATH, HOME/TMPDIR = the sandbox);
+  ``python -I`` (isolated mode: no PYTHON* variables, no user site, no script dir on path);
+- its own session/process group; wall-clock limit enforced by the harness (SIGKILL to the
+  group and, when root, to every process of the sandbox's uid), plus RLIMIT_CPU;
+- RLIMIT_AS/RLIMIT_DATA (memory), RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE=0, RLIMIT_NPROC;
+- as root: the program runs under a fresh unprivileged uid/gid (no supplementary groups)
+  that owns only the temporary directory, so it cannot touch the harness's files, signal
+  the harness, or leave processes behind (all processes of that uid are killed);
+- stdout/stderr are read incrementally; at most ``max_output_bytes`` in total is accepted
+  (more kills the program) and only a short tail of each is kept;
+- success needs a random nonce that the wrapper prints only after the whole program
+  (solution + tests) returned normally, and exit status 0: ``sys.exit(0)`` or
+  ``os._exit(0)`` before the tests is a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import secrets
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Optional
+
+CHILD = str(Path(__file__).resolve().with_name("_sandbox_child.py"))
+#: imported before privileges are dropped (cheap, commonly used by HumanEval/MBPP code).
+PRELOAD = (
+    "math", "cmath", "re", "string", "collections", "collections.abc", "itertools", "functools",
+    "operator", "heapq", "bisect", "copy", "typing", "fractions", "decimal", "statistics",
+    "random", "datetime", "calendar", "json", "hashlib", "array", "time", "numbers", "enum",
+    "dataclasses", "textwrap", "unicodedata", "struct", "io", "abc", "contextlib", "types",
+    "shutil", "subprocess", "traceback", "linecache", "encodings.idna", "sys", "os",
+)
+_IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+([A-Za-z_][\w.]*)[ \t]+import|import[ \t]+([A-Za-z_][\w., \t]*))", re.M)
+TAIL = 4096
+
+
+@dataclass
+class ExecResult:
+    status: str  # passed | failed | timeout | output_limit | error
+    returncode: Optional[int]
+    duration_s: float
+    stdout_tail: str
+    stderr_tail: str
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "passed"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _preload(program: str) -> list[str]:
+    names = list(PRELOAD)
+    for m in _IMPORT.finditer(program):
+        if m.group(1):
+            names.append(m.group(1))
+        else:
+            for part in m.group(2).split(","):
+                part = part.strip().split()
+                if part:
+                    names.append(part[0])
+    seen, out = set(), []
+    for n in names:
+        if n and n not in seen and all(p.isidentifier() for p in n.split(".")):
+            seen.add(n)
+            out.append(n)
+    return out[:200]
+
+
+def _pick_uid(tmp: str) -> tuple[Optional[int], Optional[int]]:
+    """As root: a fresh uid/gid owning ``tmp`` (falls back to nobody:nogroup)."""
+    if os.geteuid() != 0:
+        return None, None
+    for uid in (secrets.randbelow(1_000_000_000) + 1_000_000_000, 65534):
+        try:
+            os.chown(tmp, uid, uid)
+            return uid, uid
+        except OSError:
+            continue
+    return None, None
+
+
+def _procs_of_uid(uid: int) -> list[int]:
+    pids = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/status", "rb") as fh:
+                text = fh.read(2048).decode("ascii", "replace")
+        except OSError:
+            continue
+        state = re.search(r"^State:\s*(\S)", text, re.M)
+        uids = re.search(r"^Uid:\s*(\d+)\s+(\d+)\s+(\d+)", text, re.M)
+        if uids and uid in {int(x) for x in uids.groups()} and not (state and state.group(1) in "ZX"):
+            pids.append(int(entry.name))
+    return pids
+
+
+def _kill_all(proc: subprocess.Popen, uid: Optional[int]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if uid is not None:
+        for _ in range(200):  # a fork bomb may race us; RLIMIT_NPROC bounds it
+            pids = [p for p in _procs_of_uid(uid) if p != os.getpid()]
+            if not pids:
+                break
+            for p in pids:
+                try:
+                    os.kill(p, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(0.005)
+
+
+def _rm(path: str) -> None:
+    def onerror(func, p, exc):
+        try:
+            os.chmod(p, 0o700)
+            func(p)
+        except OSError:
+            pass
+
+    shutil.rmtree(path, onerror=onerror)
+
+
+def run_program(
+    program: str,
+    time_limit_s: float = 10.0,
+    memory_limit_mb: int = 1024,
+    max_output_bytes: int = 1 << 20,
+    fsize_limit_mb: int = 16,
+    python: Optional[str] = None,
+) -> ExecResult:
+    """Run ``program`` (Python source) in the sandbox; see the module docstring."""
+    nonce = secrets.token_hex(16)
+    tmp = tempfile.mkdtemp(prefix="packedss-sbx-")
+    os.chmod(tmp, 0o700)
+    start = time.monotonic()
+    proc = None
+    uid = None
+    try:
+        uid, gid = _pick_uid(tmp)
+        prog_path = os.path.join(tmp, ".program.py")
+        fd = os.open(prog_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogatepass") as fh:
+            fh.write(program)
+        if uid is not None:
+            nproc = 16 if uid != 65534 else 256
+        else:
+            nproc = len(_procs_of_uid(os.getuid())) + 32
+        cfg = {
+            "program": prog_path,
+            "nonce": nonce,
+            "preload": _preload(program),
+            "memory_bytes": int(memory_limit_mb) << 20,
+            "cpu_s": max(1, math.ceil(time_limit_s)) + 1,
+            "fsize_bytes": int(fsize_limit_mb) << 20,
+            "nproc": nproc,
+            "uid": uid,
+            "gid": gid,
+        }
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "HOME": tmp,
+            "TMPDIR": tmp,
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "OPENBLAS_NUM_THREADS": "1",
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+        }
+        try:
+            proc = subprocess.Popen(
+                [python or sys.executable, "-I", "-X", "utf8", "-B", CHILD, json.dumps(cfg)],
+                cwd=tmp,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                close_fds=True,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            return ExecResult("error", None, 0.0, "", f"cannot start the sandbox: {exc}")
+        status, out, err = _communicate(proc, start + float(time_limit_s), max_output_bytes)
+        if status != "running":
+            _kill_all(proc, uid)
+        try:
+            rc = proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            _kill_all(proc, uid)
+            rc = proc.wait()
+        _kill_all(proc, uid)  # leftovers (background children) of a finished program
+        duration = time.monotonic() - start
+        stdout = out.decode("utf-8", "replace")
+        marker = "\n" + nonce + "\n"
+        if status == "running":
+            status = "passed" if rc == 0 and stdout.endswith(marker) else "failed"
+        if status == "passed":
+            stdout = stdout[: -len(marker)]
+        else:
+            stdout = stdout.replace(nonce, "<nonce>")
+        return ExecResult(status, rc, round(duration, 4), stdout[-TAIL:], err.decode("utf-8", "replace")[-TAIL:])
+    finally:
+        if proc is not None and proc.poll() is None:
+            _kill_all(proc, uid)
+            proc.wait()
+        _rm(tmp)
+
+
+def _communicate(proc: subprocess.Popen, deadline: float, max_bytes: int) -> tuple[str, bytes, bytes]:
+    """Read both pipes until EOF, the deadline, or ``max_bytes`` in total; keep tails."""
+    sel = selectors.DefaultSelector()
+    bufs = {proc.stdout: bytearray(), proc.stderr: bytearray()}
+    for f in bufs:
+        os.set_blocking(f.fileno(), False)
+        sel.register(f, selectors.EVENT_READ)
+    total = 0
+    status = "running"
+    try:
+        while sel.get_map():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                status = "timeout"
+                break
+            for key, _ in sel.select(timeout=min(left, 0.5)):
+                f = key.fileobj
+                try:
+                    chunk = os.read(f.fileno(), 65536)
+                except BlockingIOError:
+                    continue
+                if not chunk:
+                    sel.unregister(f)
+                    continue
+                total += len(chunk)
+                buf = bufs[f]
+                buf += chunk
+                if len(buf) > 2 * TAIL:
+                    del buf[: len(buf) - 2 * TAIL]
+            if total > max_bytes:
+                status = "output_limit"
+                break
+        if status == "running":
+            # pipes closed: wait for the exit within what is left of the deadline
+            try:
+                proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                status = "timeout"
+    finally:
+        sel.close()
+        for f in bufs:
+            f.close()
+    return status, bytes(bufs[proc.stdout]), bytes(bufs[proc.stderr])
