@@ -17,6 +17,7 @@ import builtins
 import io
 import json
 import os
+import posix
 import resource
 import sys
 
@@ -95,8 +96,9 @@ def _guard(cwd):
         "spawnve", "spawnvp", "spawnvpe", "posix_spawn", "posix_spawnp", "link", "symlink",
         "setpgid", "setsid", "setreuid", "setresuid", "setgid", "setegid", "seteuid",
     ):
-        if hasattr(os, name):
-            setattr(os, name, None)
+        for mod in (os, posix):
+            if hasattr(mod, name):
+                setattr(mod, name, None)
     try:
         import shutil
 
@@ -111,7 +113,10 @@ def _guard(cwd):
         subprocess.Popen = None
     except Exception:
         pass
-    for mod in ("ipdb", "joblib", "resource", "psutil", "tkinter", "multiprocessing", "ctypes", "_ctypes", "pty"):
+    for mod in (
+        "ipdb", "joblib", "resource", "psutil", "tkinter", "multiprocessing", "ctypes", "_ctypes", "pty",
+        "_posixsubprocess", "_signal",
+    ):
         sys.modules[mod] = None
 
 
@@ -134,7 +139,8 @@ def main():
     exit_now = os._exit
     _limits(cfg)
     _drop(cfg)
-    _guard(cwd)
+    if cfg.get("guard", True):
+        _guard(cwd)
     del cfg
     code = compile(source, "program.py", "exec")
     del source

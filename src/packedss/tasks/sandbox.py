@@ -148,6 +148,7 @@ def run_program(
     max_output_bytes: int = 1 << 20,
     fsize_limit_mb: int = 16,
     python: Optional[str] = None,
+    guard: bool = True,
 ) -> ExecResult:
     """Run ``program`` (Python source) in the sandbox; see the module docstring."""
     nonce = secrets.token_hex(16)
@@ -176,6 +177,7 @@ def run_program(
             "nproc": nproc,
             "uid": uid,
             "gid": gid,
+            "guard": bool(guard),  # False only in tests of the OS-level layer
         }
         env = {
             "PATH": "/usr/bin:/bin",
