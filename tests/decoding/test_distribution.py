@@ -1,0 +1,88 @@
+"""Distribution preservation at T = 1: every schedule's empirical distribution over 3-token
+continuations matches the exact AR distribution (by enumeration) under a chi-square test, for
+`rejection` and `match`; a verifier that accepts every draft must fail the same test."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from packedss.decoding import DecodeSettings, Sampling, decode
+from packedss.decoding import schedules as schedules_module
+from tests.toy_ltr import ToyLTRModel
+
+PROMPT = [1, 4, 6]
+LENGTH = 3
+RUNS = 5000
+LEVEL = 1e-3  # reject "same distribution" below this p-value
+
+
+def exact_ar_distribution(model: ToyLTRModel) -> dict[tuple[int, ...], float]:
+    probs = {}
+    for seq in itertools.product(range(model.vocab), repeat=LENGTH):
+        p, prefix = 1.0, tuple(PROMPT)
+        for token in seq:
+            p *= float(torch.softmax(model.ar_logits(prefix), -1)[token])
+            prefix += (token,)
+        probs[seq] = p
+    return probs
+
+
+def chi_square_p(samples: list[tuple[int, ...]], probs: dict) -> float:
+    """Chi-square goodness of fit; cells with expected count < 5 are pooled into one."""
+    counts = {seq: 0 for seq in probs}
+    for seq in samples:
+        counts[seq] += 1
+    big = [seq for seq, p in probs.items() if p * len(samples) >= 5]
+    small = [seq for seq in probs if seq not in big]
+    observed = [counts[s] for s in big] + [sum(counts[s] for s in small)]
+    expected = [probs[s] * len(samples) for s in big] + [sum(probs[s] for s in small) * len(samples)]
+    observed, expected = np.array(observed, float), np.array(expected, float)
+    expected *= observed.sum() / expected.sum()
+    return float(chisquare(observed, expected).pvalue)
+
+
+def sample_many(schedule: str, rule: str, width: int = 3) -> list[tuple[int, ...]]:
+    model = ToyLTRModel()
+    samples = []
+    for seed in range(RUNS):
+        sampling = Sampling(1.0, rule, torch.Generator().manual_seed(seed))
+        out = decode(model, PROMPT, DecodeSettings(schedule, width, LENGTH, (), sampling))
+        assert len(out.tokens) == LENGTH
+        samples.append(tuple(out.tokens))
+    return samples
+
+
+@pytest.fixture(scope="module")
+def exact():
+    return exact_ar_distribution(ToyLTRModel())
+
+
+@pytest.mark.parametrize("rule", ["rejection", "match"])
+@pytest.mark.parametrize("schedule", ["ar", "linear", "quadratic", "packed"])
+def test_sampled_schedules_preserve_the_ar_distribution(exact, schedule, rule):
+    assert chi_square_p(sample_many(schedule, rule), exact) > LEVEL
+
+
+def _accept_every_draft(verifier_logits, drafts, draft_probs, sampling):
+    bonus = torch.multinomial(torch.softmax(verifier_logits[-1], -1), 1, generator=sampling.generator)
+    return drafts.tolist() + bonus.tolist()
+
+
+@pytest.mark.parametrize("schedule", ["linear", "packed"])
+def test_broken_verifier_fails_the_same_test(exact, schedule, monkeypatch):
+    monkeypatch.setattr(schedules_module, "verify", _accept_every_draft)
+    assert chi_square_p(sample_many(schedule, "rejection"), exact) < LEVEL
+
+
+def test_toy_drafts_are_accepted_sometimes_and_rejected_sometimes():
+    model = ToyLTRModel()
+    accepted = []
+    for seed in range(200):
+        sampling = Sampling(1.0, "rejection", torch.Generator().manual_seed(seed))
+        accepted += decode(model, PROMPT, DecodeSettings("linear", 3, LENGTH, (), sampling)).accepted
+    assert 1 in accepted and max(accepted) > 1
