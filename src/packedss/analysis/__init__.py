@@ -1,0 +1,95 @@
+"""Analysis stage: records -> the paper's tables (2-13) and figures (3-5).
+
+    python -m packedss.analysis RESULTS_DIR [--compare-paper] [--tables 6,10] [--figures 3,4,5]
+
+See README.md in this folder for the definitions and outputs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packedss.analysis.bootstrap import N_RESAMPLES, CI, Comparison, compare, paired_bootstrap
+from packedss.analysis.compare import Comparisons
+from packedss.analysis.load import Loaded, load_records
+from packedss.analysis.metrics import aggregate, per_question
+
+__all__ = [
+    "CI",
+    "Comparison",
+    "Comparisons",
+    "Loaded",
+    "N_RESAMPLES",
+    "Results",
+    "aggregate",
+    "analyse",
+    "compare",
+    "load_records",
+    "load_results",
+    "paired_bootstrap",
+    "per_question",
+    "record_sources",
+    "records_dir",
+]
+
+
+def records_dir(results_dir: str | Path) -> Path:
+    """A results folder's records: `<results>/records` when it exists, else the folder itself."""
+    results_dir = Path(results_dir)
+    return results_dir / "records" if (results_dir / "records").is_dir() else results_dir
+
+
+@dataclass
+class Results:
+    """A loaded results folder: the records, their per-question rows and the comparisons cache."""
+
+    path: Path
+    loaded: Loaded
+    comparisons: Comparisons
+    written: list[Path] = field(default_factory=list)
+
+    @property
+    def per_question(self):
+        return self.comparisons.pq
+
+
+def record_sources(results_dir: str | Path, extra_records=()) -> list[Path]:
+    """Where the records of an analysis come from: the results folder's records (when it exists)
+    and any further record files or folders."""
+    sources = [Path(p) for p in extra_records]
+    own = records_dir(results_dir)
+    if own.exists() and (not sources or own != Path(results_dir)):
+        sources.insert(0, own)
+    return sources
+
+
+def load_results(results_dir: str | Path, n_resamples: int = N_RESAMPLES, extra_records=()) -> Results:
+    loaded = load_records(record_sources(results_dir, extra_records))
+    return Results(Path(results_dir), loaded, Comparisons(per_question(loaded.frame), n_resamples))
+
+
+def analyse(
+    results_dir: str | Path,
+    tables=None,
+    figures=None,
+    compare_paper: bool = False,
+    n_resamples: int = N_RESAMPLES,
+    out_dir: str | Path | None = None,
+    extra_records=(),
+) -> Results:
+    """Write the requested tables (default: all) and figures (default: all) under
+    `<out_dir or results_dir>/tables` and `/figures`. `extra_records`: further record files or
+    folders to read besides `<results_dir>/records` (e.g. a figure drawn from several tables' runs)."""
+    from packedss.analysis.figures import FIGURES, make_figure, write_figure
+    from packedss.analysis.render import write_table
+    from packedss.analysis.tables import TABLES
+
+    results = load_results(results_dir, n_resamples, extra_records)
+    out = Path(out_dir) if out_dir is not None else Path(results_dir)
+    for number in TABLES if tables is None else tables:
+        table = TABLES[number].function(results.per_question, results.comparisons, compare_paper)
+        results.written += write_table(table, out / "tables")
+    for number in FIGURES if figures is None else figures:
+        results.written += write_figure(make_figure(number, results.comparisons), out / "figures")
+    return results

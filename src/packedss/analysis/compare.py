@@ -1,0 +1,120 @@
+"""Which runs are compared with which (the paired tables 10-13 and figures 3-4).
+
+A *setting* is everything that must match between two compared runs: model, task, temperature,
+verification rule, LoRA, and for the any-order family also the window W and the verification
+order (native decoding is compared within the LTR order). In the LTR family the schedules of a
+setting may use different widths (the paper compares Packed-SS at B = 32 with Quadratic-SS at
+B = 8): when each of the two schedules has exactly one width they are compared as they are;
+when either has several widths, only equal widths are compared and the setting is labelled with
+its W.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from packedss.analysis.bootstrap import N_RESAMPLES, Comparison, compare
+from packedss.analysis.metrics import MODEL_SHORT, ORDER_LABELS, task_label
+
+LTR_SETTING = ("model", "task", "temperature", "verify", "lora")
+ANYORDER_SETTING = LTR_SETTING + ("width", "order_group")
+
+
+@dataclass(frozen=True)
+class Pairing:
+    """One comparison of `method` against `base` within a setting."""
+
+    family: str
+    model: str
+    task: str
+    temperature: float
+    verify: str
+    lora: bool
+    width: int | None  # set when the comparison is at one width (any-order, or split LTR)
+    order: str  # any-order verification order group ("" for LTR)
+    method: str
+    base: str
+    method_width: int
+    base_width: int
+
+    @property
+    def setting_label(self) -> str:
+        """The paper's "Setting": "3B MBPP" (Nemotron) or "W=8 LTR" (SetDLM)."""
+        if self.family == "anyorder":
+            return f"W={self.width} {ORDER_LABELS.get(self.order, self.order)}"
+        label = f"{MODEL_SHORT.get(self.model, self.model)} {task_label(self.task)}"
+        if self.width is not None:
+            label += f" W={self.width}"
+        if self.temperature > 0 and self.verify and self.verify != "rejection":
+            label += f" ({self.verify})"
+        return label
+
+
+class Comparisons:
+    """Per-question rows of every run, and a cache of paired comparisons between them."""
+
+    def __init__(self, per_question: pd.DataFrame, n_resamples: int = N_RESAMPLES):
+        self.pq = per_question
+        self.n_resamples = n_resamples
+        self._cache: dict[Pairing, Comparison] = {}
+
+    def runs(self, pairing: Pairing, which: str) -> pd.DataFrame:
+        schedule = pairing.method if which == "method" else pairing.base
+        width = pairing.method_width if which == "method" else pairing.base_width
+        pq = self.pq
+        mask = (
+            (pq["family"] == pairing.family)
+            & (pq["model"] == pairing.model)
+            & (pq["task"] == pairing.task)
+            & (pq["temperature"] == pairing.temperature)
+            & (pq["verify"] == pairing.verify)
+            & (pq["lora"] == pairing.lora)
+            & (pq["schedule"] == schedule)
+            & (pq["width"] == width)
+            & (pq["order_group"] == pairing.order)
+        )
+        return pq[mask]
+
+    def pairings(self, method: str, base: str, frame: pd.DataFrame | None = None) -> list[Pairing]:
+        """Every comparison of schedule `method` against `base` that the records allow."""
+        frame = self.pq if frame is None else frame
+        out: list[Pairing] = []
+        for family, fam in frame.groupby("family", sort=False):
+            keys = list(ANYORDER_SETTING if family == "anyorder" else LTR_SETTING)
+            for values, group in fam.groupby(keys, sort=True):
+                setting = dict(zip(keys, values, strict=True))
+                widths_m = sorted(group.loc[group["schedule"] == method, "width"].unique())
+                widths_b = sorted(group.loc[group["schedule"] == base, "width"].unique())
+                if not widths_m or not widths_b:
+                    continue
+                if family == "anyorder":
+                    combos = [(int(setting["width"]), int(setting["width"]), int(setting["width"]))]
+                elif len(widths_m) == 1 and len(widths_b) == 1:
+                    combos = [(None, int(widths_m[0]), int(widths_b[0]))]
+                else:
+                    combos = [(int(w), int(w), int(w)) for w in widths_m if w in widths_b]
+                for width, wm, wb in combos:
+                    out.append(
+                        Pairing(
+                            family=family,
+                            model=setting["model"],
+                            task=setting["task"],
+                            temperature=float(setting["temperature"]),
+                            verify=setting["verify"],
+                            lora=bool(setting["lora"]),
+                            width=width,
+                            order=setting.get("order_group", ""),
+                            method=method,
+                            base=base,
+                            method_width=wm,
+                            base_width=wb,
+                        )
+                    )
+        return out
+
+    def compare(self, pairing: Pairing) -> Comparison:
+        if pairing not in self._cache:
+            self._cache[pairing] = compare(self.runs(pairing, "method"), self.runs(pairing, "base"), self.n_resamples)
+        return self._cache[pairing]

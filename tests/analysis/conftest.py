@@ -1,0 +1,13 @@
+from __future__ import annotations
+
+import pytest
+
+from tests.analysis.synthetic import synthetic_results
+
+N_RESAMPLES = 999  # fewer resamples than the default 10,000 keep the tests fast
+
+
+@pytest.fixture(scope="session")
+def results_dir(tmp_path_factory):
+    """A small synthetic results folder covering every table and figure (written once)."""
+    return synthetic_results(tmp_path_factory.mktemp("results"))

@@ -1,0 +1,200 @@
+"""Synthetic records that satisfy the record schema and its identities (records.validate_record),
+with known costs, so that the analysis can be checked against hand-computed values."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from packedss.records import config_hash, output_hash, record_path, validate_record
+
+PROMPT = 40
+
+
+def _rows_ltr(schedule: str, width: int, accepted: list[int]) -> list[int]:
+    b = width + 1
+    prefill = {"ar": PROMPT, "linear": PROMPT, "quadratic": PROMPT + b * b, "packed": PROMPT + b}[schedule]
+    rows = [prefill]
+    draft = width - 1  # packed: the first draft comes with prefill (proposals for L+2..L+W)
+    for a in accepted:
+        if schedule == "ar":
+            rows.append(1)
+        elif schedule == "linear":
+            rows += [b, b]
+        elif schedule == "quadratic":
+            rows.append(b * (b + 1))
+        else:
+            rows.append(draft + 1 + b)
+            draft = max(width - a, 0)
+    return rows
+
+
+def _rows_anyorder(schedule: str, width: int, iterations: int) -> list[int]:
+    rows = [PROMPT + width]
+    for t in range(iterations):
+        p, u = (0 if t == 0 else 1), width
+        if schedule == "linear":
+            rows += [p + 2 * u, u]
+        elif schedule == "packed":
+            rows.append(p + 3 * u)
+        elif schedule == "quadratic":
+            rows.append(p + 2 * u + u * u)
+        else:  # native
+            rows.append(u)
+    return rows
+
+
+def make_record(
+    *,
+    model: str = "tiny",
+    task: str = "arith",
+    schedule: str = "packed",
+    width: int = 8,
+    temperature: float = 0.0,
+    question: int = 0,
+    tokens_per_iteration: int = 3,
+    iterations: int = 10,
+    call_s: float = 0.01,
+    nonmodel_s: float = 0.002,
+    correct: bool | None = True,
+    family: str = "ltr",
+    order: str | None = None,
+    seed: int = 0,
+    repeat: int = 0,
+    lora: bool = False,
+    **extra,
+) -> dict:
+    verify = "rejection" if temperature > 0 else None
+    if family == "ltr":
+        accepted = [1] * iterations if schedule == "ar" else [tokens_per_iteration] * iterations
+        rows = _rows_ltr(schedule, width, accepted)
+    else:
+        accepted = [tokens_per_iteration] * iterations
+        rows = _rows_anyorder(schedule, width, iterations)
+    nfe = len(rows)
+    output_tokens = 1 + sum(accepted)
+    model_s = call_s * nfe
+    wall_s = model_s + nonmodel_s
+    identity = {
+        "model": model, "task": task, "schedule": schedule, "width": width, "block": width + 1,
+        "temperature": temperature, "verify": verify, "order": order, "seed": seed,
+    }  # fmt: skip
+    record = identity | {
+        "repeat": repeat,
+        "config_hash": config_hash(identity | {"lora": lora}),
+        "code_version": "test",
+        "device": "cpu",
+        "dtype": "float32",
+        "versions": {"torch": "test", "transformers": "test"},
+        "question_id": f"q{question:04d}",
+        "prompt_tokens": PROMPT,
+        "output_tokens": output_tokens,
+        "output_text": "x" * output_tokens,
+        "finish_reason": "eos",
+        "output_hash": output_hash(list(range(output_tokens))),
+        "nfe_total": nfe,
+        "nfe_prefill": 1,
+        "iterations": iterations,
+        "accepted": accepted,
+        "rows_evaluated": rows,
+        "rows_useful": rows,
+        "draft_proposed": width * iterations,
+        "draft_accepted": sum(accepted) - iterations,
+        "truncated_tokens": 0,
+        "wall_s": wall_s,
+        "model_s": model_s,
+        "nonmodel_s": wall_s - model_s,
+        "extracted_answer": "1",
+        "correct": correct,
+        "grader": {"name": "test"},
+        "family": family,
+        "lora": lora,
+    }
+    record.update(extra)
+    assert validate_record(record) == [], validate_record(record)
+    return record
+
+
+def write_records(root: Path, records: list[dict], name: str | None = None) -> list[Path]:
+    """Append records to their record_path files under root (or to root/name)."""
+    paths = []
+    for record in records:
+        path = (
+            root / name
+            if name
+            else record_path(root, record["model"], record["task"], record["schedule"], record["width"],
+                             record["temperature"], record["verify"], record["order"], record["seed"])
+        )  # fmt: skip
+        if record.get("lora"):
+            path = path.with_name(path.stem + "-lora.jsonl")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as handle:
+            handle.write(json.dumps(record) + "\n")
+        if path not in paths:
+            paths.append(path)
+    return paths
+
+
+# Schedules' speed in the synthetic LTR folder: tokens per iteration and seconds per call.
+LTR_PROFILE = {
+    "ar": (1, 0.004),
+    "linear": (3, 0.006),
+    "quadratic": (4, 0.010),
+    "packed": (3, 0.007),
+}
+ANYORDER_PROFILE = {"linear": (3, 0.006), "quadratic": (4, 0.012), "packed": (3, 0.007), "native": (2, 0.006)}
+
+
+def synthetic_results(root: Path, n: int = 12, seed: int = 0) -> Path:
+    """A small results folder (records under root/records) that covers every table and figure:
+    tiny (LTR) on arith and writingbench at T = 0 and 1 (linear, quadratic, packed at W = 8, and
+    linear/packed at W = 4 for arith), LoRA runs, and tiny-set (any-order) at W = 4 and 8 with LTR
+    and confidence order plus native decoding."""
+    rng = np.random.default_rng(seed)
+    records = []
+    for task in ("arith", "writingbench"):
+        for temperature in (0.0, 1.0):
+            for schedule, (tpi, call_s) in LTR_PROFILE.items():
+                widths = [8, 4] if task == "arith" and temperature == 0 and schedule in ("linear", "packed") else [8]
+                for width in widths:
+                    for lora in ([False, True] if task == "arith" and temperature == 0 and width == 8 and schedule != "ar" else [False]):
+                        for q in range(n):
+                            iterations = int(rng.integers(5, 15))
+                            correct = None if task == "writingbench" else bool(rng.random() < 0.7)
+                            extra = {}
+                            if lora:
+                                b = width + 1
+                                per_call_sel = {"linear": [b, 0], "quadratic": [b * b], "packed": [b]}[schedule]
+                                per_call_eval = {"linear": [b, 0], "quadratic": [b * (b + 1)], "packed": [2 * b]}[schedule]
+                                extra = {
+                                    "lora_rows_selected": [0] + per_call_sel * iterations,
+                                    "lora_rows_evaluated": [0] + per_call_eval * iterations,
+                                }
+                            records.append(
+                                make_record(
+                                    task=task, schedule=schedule, width=width, temperature=temperature, question=q,
+                                    tokens_per_iteration=tpi, iterations=iterations,
+                                    call_s=call_s * (1.15 if lora else 1.0) * float(rng.lognormal(0, 0.05)),
+                                    nonmodel_s=0.002 * iterations, correct=correct, lora=lora, **extra,
+                                )
+                            )  # fmt: skip
+    for width in (4, 8):
+        for order in ("ltr", "confidence"):
+            for schedule, (tpi, call_s) in ANYORDER_PROFILE.items():
+                if schedule == "native" and order != "ltr":
+                    continue
+                for q in range(n):
+                    iterations = int(rng.integers(5, 15))
+                    records.append(
+                        make_record(
+                            model="tiny-set", task="arith", schedule=schedule, width=width, question=q,
+                            tokens_per_iteration=tpi, iterations=iterations,
+                            call_s=call_s * float(rng.lognormal(0, 0.05)), nonmodel_s=0.003 * iterations,
+                            correct=bool(rng.random() < 0.6), family="anyorder",
+                            order=None if schedule == "native" else order, lossy=schedule == "native",
+                        )
+                    )  # fmt: skip
+    write_records(root / "records", records)
+    return root
