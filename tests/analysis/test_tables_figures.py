@@ -198,3 +198,19 @@ def test_analyse_writes_everything(results_dir, tmp_path):
     names = {p.name for p in res.written}
     assert {f"table{n}.{ext}" for n in range(2, 14) for ext in ("csv", "md", "tex")} <= names
     assert {f"figure{n}.{ext}" for n in (3, 4, 5) for ext in ("png", "pdf")} <= names
+
+
+def test_packed_with_and_without_padding_are_separate_runs(tmp_path):
+    records = [make_record(schedule="linear", question=q, pad_verify=True) for q in range(3)]
+    records += [make_record(schedule="packed", question=q, pad_verify=True, call_s=0.01) for q in range(3)]
+    records += [make_record(schedule="packed", question=q, pad_verify=False, call_s=0.02) for q in range(3)]
+    write_records(tmp_path / "records", records)
+    results = load_results(tmp_path, n_resamples=200)
+    assert len(results.loaded.frame) == 9 and results.loaded.duplicates_skipped == 0
+    t3 = _table(results, 3).data
+    assert list(t3["Padded"]) == ["", "yes", "no"]
+    t12 = _table(results, 12).data.iloc[0]
+    padded = results.per_question.query("schedule == 'packed' and pad_verify == 'true'")
+    linear = results.per_question.query("schedule == 'linear'")
+    expected = (padded.output_tokens.sum() / padded.wall_s.sum()) / (linear.output_tokens.sum() / linear.wall_s.sum())
+    assert t12["Pairs"] == "3" and t12["Throughput ratio"] == pytest.approx(expected)

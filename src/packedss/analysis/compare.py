@@ -6,7 +6,8 @@ order (native decoding is compared within the LTR order). In the LTR family the 
 setting may use different widths (the paper compares Packed-SS at B = 32 with Quadratic-SS at
 B = 8): when each of the two schedules has exactly one width they are compared as they are;
 when either has several widths, only equal widths are compared and the setting is labelled with
-its W.
+its W. When Packed-SS ran both with and without `pad_verify`, the padded run (the paper's
+counting) is compared.
 """
 
 from __future__ import annotations
@@ -75,7 +76,11 @@ class Comparisons:
             & (pq["width"] == width)
             & (pq["order_group"] == pairing.order)
         )
-        return pq[mask]
+        run = pq[mask]
+        if run["pad_verify"].nunique() > 1:  # both Packed-SS paddings ran: compare the paper's (padded)
+            keep = "true" if (run["pad_verify"] == "true").any() else sorted(run["pad_verify"].unique())[0]
+            run = run[run["pad_verify"] == keep]
+        return run
 
     def pairings(self, method: str, base: str, frame: pd.DataFrame | None = None) -> list[Pairing]:
         """Every comparison of schedule `method` against `base` that the records allow."""

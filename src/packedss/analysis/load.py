@@ -33,7 +33,7 @@ OPTIONAL_DEFAULTS = {
 
 # Columns that identify one run (one configuration); a question's records within a run differ
 # only in `repeat`.
-RUN_KEYS = ("model", "task", "schedule", "width", "temperature", "verify", "order", "seed", "family", "lora")
+RUN_KEYS = ("model", "task", "schedule", "width", "temperature", "verify", "order", "seed", "family", "lora", "pad_verify")
 
 
 @dataclass
@@ -89,6 +89,9 @@ def _normalise(frame: pd.DataFrame) -> pd.DataFrame:
     # ("" when absent) so that they group cleanly.
     frame["verify"] = np.where(frame["temperature"] > 0, frame["verify"].fillna("").astype(str), "")
     frame["order"] = frame["order"].fillna("").astype(str)
+    # pad_verify only changes Packed-SS: "true" / "false" there, "" for every other schedule.
+    padded = frame["pad_verify"].map(lambda v: "" if v is None or (isinstance(v, float) and np.isnan(v)) else str(bool(v)).lower())
+    frame["pad_verify"] = padded.where(frame["schedule"] == "packed", "")
     for name in ("output_tokens", "nfe_total", "nfe_prefill", "iterations"):
         frame[name] = frame[name].astype(int)
     for name in ("wall_s", "model_s", "nonmodel_s"):

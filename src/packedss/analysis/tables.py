@@ -190,6 +190,8 @@ def _sort_key(column: str, value):
         return task_rank(value)
     if column == "order_group":
         return order_rank(value)
+    if column == "pad_verify":
+        return ({"true": 0, "false": 1}.get(value, 2), value)
     return (0, value)
 
 
@@ -217,6 +219,8 @@ def _labels(values: dict) -> dict:
         labels["T"] = f"{values['temperature']:g}"
     if "verify" in values:
         labels["Verify"] = values["verify"]
+    if "pad_verify" in values:
+        labels["Padded"] = {"true": "yes", "false": "no"}.get(values["pad_verify"], "")
     if "order_group" in values:
         labels["Order"] = ORDER_SECTIONS.get(values["order_group"], values["order_group"])
     return labels
@@ -245,10 +249,12 @@ def _optional_keys(frame: pd.DataFrame, within: list[str], positive: bool) -> li
         extra.append("temperature")
     if positive and varies(frame, within, "verify"):
         extra.append("verify")
+    if varies(frame, within, "pad_verify"):
+        extra.append("pad_verify")
     return extra
 
 
-LABEL_OF = {"width": "B", "temperature": "T", "verify": "Verify"}
+LABEL_OF = {"width": "B", "temperature": "T", "verify": "Verify", "pad_verify": "Padded"}
 
 
 def _speed_only_note(frame: pd.DataFrame) -> list[str]:
@@ -265,7 +271,8 @@ def table2(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = Fal
     one iteration after prefill (Linear-SS's iteration = its two calls), beside the paper's
     formulas (Nemotron: B = W+1; SetDLM maxima: u_t = W, p = 1)."""
     rows = []
-    for values, g in groups(pq, ["model", "family", "schedule", "width"]):
+    padded = varies(pq, ["model", "family", "schedule", "width"], "pad_verify")
+    for values, g in groups(pq, ["model", "family", "schedule", "width"] + (["pad_verify"] if padded else [])):
         width, schedule, family = int(values["width"]), values["schedule"], values["family"]
         calls = float((g["nfe_total"] - g["nfe_prefill"]).sum())
         iterations = float(g["iterations"].sum())
@@ -277,6 +284,7 @@ def table2(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = Fal
                 "Method": schedule_label(schedule),
                 "W": width,
                 "B": width + 1 if family == "ltr" else "",
+                **({"Padded": _labels(values)["Padded"]} if padded else {}),
                 "NFE/iteration": calls / iterations if iterations else math.nan,
                 "NFE/iteration (paper formula)": formula_nfe,
                 "Max rows/iteration": float(sum(biggest)) if biggest else math.nan,
@@ -300,7 +308,7 @@ def table2(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = Fal
         Col("Rows/iteration (paper formula)", digits=0),
         Col("Formula", kind="text"),
     ]
-    return build(2, rows, ["Model", "Method", "W", "B"], cols, False, None, notes)
+    return build(2, rows, ["Model", "Method", "W", "B"] + (["Padded"] if padded else []), cols, False, None, notes)
 
 
 def _table2_formula(family: str, schedule: str, width: int) -> tuple[float, float, str]:
@@ -322,12 +330,14 @@ def _table2_formula(family: str, schedule: str, width: int) -> tuple[float, floa
 def table3(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = False) -> Table:
     """Block-size probe: every LTR schedule and B at T = 0 (paper: Nemotron 8B GSM8K)."""
     sub = subset(pq, family="ltr", temperature="zero", lora=False, schedules=["ar", "linear", "quadratic", "packed"])
+    padded = ["pad_verify"] if varies(sub, ["model", "task", "schedule", "width"], "pad_verify") else []
+    keys = ["Model", "Task", "Method", "B"] + (["Padded"] if padded else [])
     rows = []
-    for values, g in groups(sub, ["model", "task", "schedule", "width"]):
+    for values, g in groups(sub, ["model", "task", "schedule", "width"] + padded):
         agg = aggregate(g)
         labels = _labels(values)
         rows.append(
-            {k: labels[k] for k in ("Model", "Task", "Method", "B")}
+            {k: labels[k] for k in keys}
             | {c: agg[c] for c in ("Tokens/s", "Wall (s)", "Total NFE", "Tokens", "Accuracy (%)")}
             | {"Rows/call": max_call_rows(g)}
         )
@@ -341,7 +351,7 @@ def table3(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = Fal
     ]
     notes = ["Rows/call: the most input rows of any call after prefill. Wall, Total NFE, Tokens: means per response."]
     notes += _speed_only_note(sub)
-    return build(3, rows, ["Model", "Task", "Method", "B"], cols, compare_paper, None, notes)
+    return build(3, rows, keys, cols, compare_paper, None, notes)
 
 
 def table4(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = False) -> Table:
@@ -376,7 +386,7 @@ def table5(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = Fal
     extra = _optional_keys(sub, ["model", "task", "schedule"], positive=False)
     keys = ["Model", "Task", "Method"] + [LABEL_OF[e] for e in extra]
     rows = []
-    for values, g in groups(sub, ["model", "task", "schedule", "width"]):
+    for values, g in groups(sub, ["model", "task", "schedule", "width"] + [e for e in extra if e == "pad_verify"]):
         base, lora = g[~g["lora"]], g[g["lora"]]
         biggest = max_iteration(g)
         selected = max_iteration(lora, "lora_rows_selected") if not lora.empty else None
