@@ -107,6 +107,7 @@ class _Decoder:
         self.u: list[int] = []
         self.p: list[int] = []
         self.resolved: list[int] = []
+        self.hits: list[int] = []  # per call: drafts accepted by its verification
         self.kinds: list[str] = []
         self.accepted: list[int] = []
         self.proposed = self.drafted_ok = 0
@@ -161,6 +162,7 @@ class _Decoder:
         self.u.append(u)
         self.p.append(0 if kind == "prefill" else len(prefix))
         self.resolved.append(0)
+        self.hits.append(0)
         return logits
 
     def resolve(self, items: list[tuple[int, int]]) -> bool:
@@ -209,6 +211,7 @@ class _Decoder:
         h = m if len(emitted) > u else len(emitted) - 1  # m == u and all accepted: no correction
         self.proposed += m
         self.drafted_ok += h
+        self.hits[-1] = h
         items = list(zip(sigma[:h], emitted[:h]))
         self.pending = [] if h == u else [(sigma[h], emitted[h])]
         self.model.commit(self.p[-1] + h)
@@ -370,6 +373,7 @@ class _Decoder:
             "u": self.u,
             "p": self.p,
             "resolved": self.resolved,
+            "drafts_accepted": self.hits,
             "call_kinds": self.kinds,
             "order": self.s.order,
             "lossless": self.s.schedule != "native",
