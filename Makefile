@@ -8,6 +8,8 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
+include scripts/reproduce.mk
+
 .PHONY: install demo test golden clean
 
 install: $(STAMP)

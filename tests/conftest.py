@@ -55,3 +55,38 @@ def tiny_checkpoint(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model(tiny_checkpoint):
     return load_nemotron(tiny_checkpoint, device="cpu", dtype="float64")
+
+
+def write_random_nemotron_with_tokenizer(path: Path, seed: int = 0) -> Path:
+    """A random Nemotron-format checkpoint with a small byte-level BPE tokenizer (mask, EOS,
+    pad as special tokens), loadable offline through AutoTokenizer like the shipped models."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from packedss.tasks.arith import generate
+
+    specials = ["<pad>", "<bos>", "<eos>", "<mask>"]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    corpus = [p["question"] + "\n" + p["answer"] for p in generate("train", 200, 0)]
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tokenizer.train_from_iterator(corpus, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", mask_token="<mask>")
+    path.mkdir(parents=True, exist_ok=True)
+    fast.save_pretrained(str(path))
+    torch.manual_seed(seed)
+    vocab = tokenizer.get_vocab_size()
+    config = Ministral3Config(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, head_dim=8, max_position_embeddings=2048,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "llama_4_scaling_beta": 0.1,
+                         "original_max_position_embeddings": 2048},
+        pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+    backbone = Ministral3Model(config)
+    head = nn.Linear(config.hidden_size, vocab, bias=False)
+    with torch.no_grad():
+        head.weight.mul_(8.0)
+    save_nemotron(path, backbone, head, {"mask_token_id": 3, "block_size": 32})
+    return path

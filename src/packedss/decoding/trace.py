@@ -36,6 +36,7 @@ class Decoded:
     wall_s: float
     model_s: float
     nonmodel_s: float
+    call_model_s: list[float]  # synchronized model time of each call (prefill first)
     extra: dict = field(default_factory=dict)  # family-specific per-call fields (e.g. any-order u, p)
 
     def cost_fields(self) -> dict:
@@ -90,14 +91,14 @@ class Meter:
         self.model = model
         self.rows_evaluated: list[int] = []
         self.rows_useful: list[int] = []
-        self.model_s = 0.0
+        self.call_model_s: list[float] = []
         self.started = time.perf_counter()
 
     def run(self, call: Call) -> torch.Tensor:
         start = time.perf_counter()
         logits = self.model.run(call)
         self.model.synchronize()
-        self.model_s += time.perf_counter() - start
+        self.call_model_s.append(time.perf_counter() - start)
         self.rows_evaluated.append(call.rows)
         self.rows_useful.append(call.rows_useful)
         return logits
@@ -112,6 +113,7 @@ class Meter:
         extra: dict | None = None,
     ) -> Decoded:
         wall_s = time.perf_counter() - self.started
+        model_s = sum(self.call_model_s)
         return Decoded(
             tokens=list(emitter.tokens),
             finish_reason=emitter.finish_reason or "max_tokens",
@@ -126,7 +128,8 @@ class Meter:
             draft_accepted=draft_accepted,
             truncated_tokens=emitter.truncated_tokens,
             wall_s=wall_s,
-            model_s=self.model_s,
-            nonmodel_s=wall_s - self.model_s,
+            model_s=model_s,
+            nonmodel_s=wall_s - model_s,
+            call_model_s=self.call_model_s,
             extra=extra or {},
         )
