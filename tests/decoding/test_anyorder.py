@@ -290,4 +290,6 @@ def test_toy_drafts_are_accepted_sometimes_and_rejected_sometimes():
         sampling = Sampling(1.0, "rejection", torch.Generator().manual_seed(seed))
         out = decode_anyorder(ToySetModel(), TOY_PROMPT, AnyOrderSettings("linear", 2, LENGTH, (), sampling))
         hits += [h for h, kind in zip(out.extra["drafts_accepted"], out.extra["call_kinds"]) if kind == "verify"]
-    assert 0 in hits and 2 in hits
+    # Linear's rank-0 draft saw exactly what its query sees (q = p), so it is always accepted;
+    # rank 1 is rejected sometimes and accepted sometimes.
+    assert min(hits) >= 1 and 1 in hits and 2 in hits
