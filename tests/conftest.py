@@ -57,9 +57,9 @@ def tiny_model(tiny_checkpoint):
     return load_nemotron(tiny_checkpoint, device="cpu", dtype="float64")
 
 
-def write_random_nemotron_with_tokenizer(path: Path, seed: int = 0) -> Path:
-    """A random Nemotron-format checkpoint with a small byte-level BPE tokenizer (mask, EOS,
-    pad as special tokens), loadable offline through AutoTokenizer like the shipped models."""
+def write_test_tokenizer(path: Path) -> int:
+    """A small byte-level BPE tokenizer trained on arith text (<pad> 0, <bos> 1, <eos> 2, <mask> 3),
+    saved for AutoTokenizer like the shipped models' tokenizers. Returns its vocabulary size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -70,13 +70,20 @@ def write_random_nemotron_with_tokenizer(path: Path, seed: int = 0) -> Path:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     corpus = [p["question"] + "\n" + p["answer"] for p in generate("train", 200, 0)]
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
     tokenizer.train_from_iterator(corpus, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", mask_token="<mask>")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="<pad>", bos_token="<bos>",
+                                   eos_token="<eos>", mask_token="<mask>")  # fmt: skip
     path.mkdir(parents=True, exist_ok=True)
     fast.save_pretrained(str(path))
+    return tokenizer.get_vocab_size()
+
+
+def write_random_nemotron_with_tokenizer(path: Path, seed: int = 0) -> Path:
+    """A random Nemotron-format checkpoint with the test tokenizer, loadable like the shipped models."""
+    vocab = write_test_tokenizer(path)
     torch.manual_seed(seed)
-    vocab = tokenizer.get_vocab_size()
     config = Ministral3Config(
         vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
         num_key_value_heads=2, head_dim=8, max_position_embeddings=2048,

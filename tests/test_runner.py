@@ -199,3 +199,21 @@ def test_experiment_preset_runs_offline_on_the_tiny_model(model_overrides, tmp_p
                      f"out_dir={out}"], tmp_path)  # fmt: skip
     names = sorted(p.name for p in out.rglob("*.jsonl"))
     assert names == ["linear-W31-T0-s0.jsonl", "packed-W31-T0-s0.jsonl", "quadratic-W7-T0-s0.jsonl"], result.stdout
+
+
+def test_any_order_family_runs_through_the_same_runner(tmp_path):
+    from tests.anyorder_fixtures import write_random_setdlm
+    from tests.conftest import write_test_tokenizer
+
+    checkpoint = tmp_path / "setdlm"
+    write_random_setdlm(checkpoint, vocab=write_test_tokenizer(checkpoint))
+    out = tmp_path / "out"
+    run_py(["-m", "model=setdlm1.7b", f"model.path={checkpoint}", "schedule=ar,linear,packed,native", "width=4",
+            "order=ltr", "limit=2", "max_new_tokens=24", f"out_dir={out}"], tmp_path)  # fmt: skip
+    records = all_records(out)
+    assert len(records) == 8
+    assert {r["family"] for r in records} == {"anyorder"}
+    assert {r["lossy"] for r in records if r["schedule"] == "native"} == {True}
+    lossless = [r for r in records if r["schedule"] != "native"]
+    for question in {r["question_id"] for r in records}:
+        assert len({r["output_hash"] for r in lossless if r["question_id"] == question}) == 1

@@ -20,6 +20,7 @@ from tqdm import tqdm
 import packedss
 from packedss.config import PROJECT_ROOT, validate, validate_width
 from packedss.decoding import DecodeSettings, Sampling, decode
+from packedss.decoding.anyorder import AnyOrderSettings, decode_anyorder
 from packedss.models import load_model, read_block_size, resolve_path
 from packedss.records import RecordWriter, config_hash, output_hash, record_path
 from packedss.tasks import load_task
@@ -147,22 +148,22 @@ def run_job(cfg) -> JobResult:
         "family": "ltr" if cfg.model.family == "nemotron" else "anyorder",
         "pad_verify": bool(cfg.schedule.pad_verify),
         "lora": bool(cfg.model.lora),
+        "lossy": cfg.schedule.name == "native",
         "max_new_tokens": max_new_tokens,
     }
 
-    def settings_for(question_id: str) -> DecodeSettings:
+    def decode_question(question_id: str, ids: list[int]):
         generator = None
         if not greedy:
             generator = torch.Generator(device=device).manual_seed(question_seed(cfg.seed, question_id))
         sampling = Sampling(temperature=cfg.temperature, rule=cfg.verify, generator=generator)
-        return DecodeSettings(
-            schedule=cfg.schedule.name,
-            width=cfg.width,
-            max_new_tokens=max_new_tokens,
-            eos_token_ids=model.eos_token_ids,
-            sampling=sampling,
-            pad_verify=cfg.schedule.pad_verify,
-        )
+        common = dict(width=cfg.width, max_new_tokens=max_new_tokens, eos_token_ids=model.eos_token_ids,
+                      sampling=sampling)  # fmt: skip
+        if cfg.model.family == "setdlm":
+            settings = AnyOrderSettings(schedule=cfg.schedule.name, order=cfg.order, **common)
+            return decode_anyorder(model, ids, settings, stop_check)
+        settings = DecodeSettings(schedule=cfg.schedule.name, pad_verify=cfg.schedule.pad_verify, **common)
+        return decode(model, ids, settings, stop_check)
 
     def prompt_ids(question) -> list[int]:
         text = task.build_prompt(question, tokenizer=tokenizer, chat=cfg.model.chat)
@@ -180,7 +181,7 @@ def run_job(cfg) -> JobResult:
         pending = [(q, r) for q in questions for r in range(cfg.repeats) if (q.question_id, r) not in done]
         if pending and cfg.warmup:
             first = pending[0][0]
-            decode(model, prompt_ids(first), settings_for(first.question_id), stop_check)
+            decode_question(first.question_id, prompt_ids(first))
         written = 0
         tokens_total = wall_total = 0.0
         accepted_total = iterations_total = 0
@@ -189,7 +190,7 @@ def run_job(cfg) -> JobResult:
         grades = {}
         for question, repeat in bar:
             ids = prompt_ids(question)
-            out = decode(model, ids, settings_for(question.question_id), stop_check)
+            out = decode_question(question.question_id, ids)
             text = output_text(tokenizer, out.tokens, stops)
             if question.question_id not in grades:
                 grades[question.question_id] = task.grade(question, text).record_fields(task.cfg.grader)
