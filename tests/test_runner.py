@@ -217,3 +217,14 @@ def test_any_order_family_runs_through_the_same_runner(tmp_path):
     lossless = [r for r in records if r["schedule"] != "native"]
     for question in {r["question_id"] for r in records}:
         assert len({r["output_hash"] for r in lossless if r["question_id"] == question}) == 1
+
+
+def test_any_order_width_is_bounded_by_smax(composed, tmp_path):
+    from tests.anyorder_fixtures import SET_SMAX, write_random_setdlm
+    from tests.conftest import write_test_tokenizer
+
+    checkpoint = tmp_path / "setdlm"
+    write_random_setdlm(checkpoint, vocab=write_test_tokenizer(checkpoint))
+    cfg = composed(["model=setdlm1.7b", f"model.path={checkpoint}", f"width={SET_SMAX + 1}", f"out_dir={tmp_path / 'o'}"])
+    with pytest.raises(PackedSSError, match=f"valid widths: 1..{SET_SMAX}"):
+        run_job(cfg)

@@ -49,8 +49,10 @@ def read_block_size(path: Path, family: str) -> int | None:
     from packedss.models.checkpoint import read_config
 
     config = read_config(path, f"model {path.name}")
-    key = "block_size" if family == "nemotron" else "smax"
-    value = config.get(key, config.get("block_size"))
+    if family == "setdlm":  # the released config keeps smax (= the window W) in noise_config
+        value = (config.get("noise_config") or {}).get("max_block_size")
+    else:
+        value = config.get("block_size")
     return int(value) if value is not None else None
 
 
