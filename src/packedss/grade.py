@@ -6,13 +6,14 @@ task's grader (task config: ``conf/task/<task>.yaml``; mbpp's variant and arith'
 read from the question ids). Every other field and every line that is not a gradable
 record is kept byte for byte; lines that fail to parse are reported as FILE:LINE.
 Each file is rewritten atomically (temporary file in the same directory, flush + fsync,
-``os.replace``): a crash or a grader error leaves the old file intact. Do not re-grade a
-file that a running job is still appending to.
+``os.replace``): a crash or a grader error leaves the old file intact. A file that a
+running job is still appending to (it holds the writer's lock) is refused with a clear error.
 """
 
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import sys
@@ -54,7 +55,14 @@ def regrade_file(path: str | os.PathLike, data_dir: Optional[str] = None, worker
     """Re-grade one records file in place (atomically). Returns counts."""
     path = Path(path)
     with open(path, "rb") as fh:
-        raw_lines = fh.readlines()
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PackedSSError(f"{path}: a running job is writing this file; re-grade it when the job is done") from None
+        return _regrade_locked(path, fh.readlines(), data_dir, workers, log)
+
+
+def _regrade_locked(path: Path, raw_lines: list[bytes], data_dir, workers, log) -> dict:
     records: dict[int, dict] = {}
     skipped = 0
     for i, raw in enumerate(raw_lines):

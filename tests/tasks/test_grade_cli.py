@@ -95,3 +95,16 @@ def test_cli_subprocess_with_code_and_speed_tasks(tmp_path, h, shared_data):
 
 def test_missing_file_exit_code(tmp_path):
     assert grade_cli.main([str(tmp_path / "nope.jsonl")]) == 2
+
+
+def test_regrade_refuses_a_file_a_job_is_writing(tmp_path):
+    from packedss.errors import PackedSSError
+    from packedss.grade import regrade_file
+    from packedss.records import RecordWriter
+
+    path = tmp_path / "r.jsonl"
+    with RecordWriter(path) as writer:
+        writer.append({"task": "arith", "question_id": "arith/test/0", "output_text": "#### 3"})
+        with pytest.raises(PackedSSError, match="a running job is writing"):
+            regrade_file(path)
+    assert regrade_file(path)["graded"] == 1
