@@ -1,0 +1,88 @@
+"""CI regression of NFE counts: per-question `nfe_total` and `output_hash` of the shipped tiny
+models on fixed offline prompts, for every schedule and W in {4, 8, 16} at T = 0 (float64).
+
+A change that moves any count fails here with a readable diff; regenerate deliberately with
+`make golden` (python -m tests.test_golden_nfe --write) and commit the new file."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from packedss.config import PROJECT_ROOT
+from packedss.decoding import DecodeSettings, Sampling, decode
+from packedss.records import output_hash
+from packedss.runner import make_stop_check
+from packedss.tasks import load_task, load_task_config
+
+GOLDEN = Path(__file__).resolve().parent / "golden" / "nfe_tiny.json"
+WIDTHS = (4, 8, 16)
+QUESTIONS = 4
+MAX_NEW_TOKENS = 96
+MODELS = {"tiny": ("nemotron", ("ar", "linear", "quadratic", "packed"))}
+
+
+def _model_dir(name: str) -> Path:
+    return PROJECT_ROOT / "assets" / "models" / name
+
+
+def measure() -> dict:
+    from transformers import AutoTokenizer
+
+    from packedss.models.nemotron import load_nemotron
+
+    torch.set_num_threads(1)
+    task = load_task(load_task_config("arith"))
+    results = {}
+    for name, (_family, schedules) in MODELS.items():
+        path = _model_dir(name)
+        model = load_nemotron(path, dtype="float64")
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        stop_check = make_stop_check(tokenizer, task.stop)
+        prompts = {q.question_id: tokenizer(task.build_prompt(q))["input_ids"] for q in task.questions(QUESTIONS)}
+        for schedule in schedules:
+            for width in (1,) if schedule == "ar" else WIDTHS:
+                settings = DecodeSettings(schedule, width, MAX_NEW_TOKENS, model.eos_token_ids,
+                                          Sampling(0.0, "rejection", None))  # fmt: skip
+                for question_id, ids in prompts.items():
+                    out = decode(model, ids, settings, stop_check)
+                    results[f"{name} {schedule} W={width} {question_id}"] = {
+                        "nfe_total": out.nfe_total,
+                        "output_hash": output_hash(out.tokens),
+                    }
+    return results
+
+
+def diff(expected: dict, measured: dict) -> list[str]:
+    lines = []
+    for key in sorted(set(expected) | set(measured)):
+        if key not in measured:
+            lines.append(f"{key}: missing from this run")
+        elif key not in expected:
+            lines.append(f"{key}: new (not in the golden file)")
+        else:
+            old, new = expected[key], measured[key]
+            if old["nfe_total"] != new["nfe_total"]:
+                lines.append(f"{key}: nfe_total {old['nfe_total']} -> {new['nfe_total']}")
+            if old["output_hash"] != new["output_hash"]:
+                lines.append(f"{key}: output_hash {old['output_hash'][:12]} -> {new['output_hash'][:12]}")
+    return lines
+
+
+@pytest.mark.skipif(not (_model_dir("tiny") / "config.json").is_file(), reason="the shipped tiny model is absent")
+def test_nfe_counts_match_the_golden_file():
+    expected = json.loads(GOLDEN.read_text())
+    changes = diff(expected, measure())
+    assert not changes, "NFE regression (run `make golden` if the change is deliberate):\n" + "\n".join(changes)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"]:
+        sys.exit("usage: python -m tests.test_golden_nfe --write")
+    GOLDEN.parent.mkdir(parents=True, exist_ok=True)
+    GOLDEN.write_text(json.dumps(measure(), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {GOLDEN}")
