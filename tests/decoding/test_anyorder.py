@@ -5,15 +5,14 @@ from __future__ import annotations
 
 import itertools
 
-import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from packedss.decoding import anyorder as anyorder_module
 from packedss.decoding.anyorder import AnyOrderSettings, decode_anyorder
 from packedss.decoding.verify import Sampling
 from packedss.models.setdlm import load_setdlm
+from tests.chi_square import LEVEL, chi_square_p
 from tests.anyorder_fixtures import SET_EOS, ToySetModel, plain_ar, plain_confidence, write_random_setdlm
 
 GREEDY = Sampling(0.0, "rejection", None)
@@ -211,7 +210,6 @@ def test_invalid_settings_fail_with_the_valid_choices(set_model, bad):
 TOY_PROMPT = [1, 4, 6]
 LENGTH = 3
 RUNS = 5000
-LEVEL = 1e-3  # reject "same distribution" below this p-value
 
 
 def exact_ltr_distribution(model: ToySetModel) -> dict[tuple[int, ...], float]:
@@ -225,20 +223,6 @@ def exact_ltr_distribution(model: ToySetModel) -> dict[tuple[int, ...], float]:
             seen.append((token, position))
         probs[seq] = p
     return probs
-
-
-def chi_square_p(samples: list[tuple[int, ...]], probs: dict) -> float:
-    """Chi-square goodness of fit; cells with expected count < 5 are pooled into one."""
-    counts = dict.fromkeys(probs, 0)
-    for seq in samples:
-        counts[seq] += 1
-    big = [seq for seq, p in probs.items() if p * len(samples) >= 5]
-    small = [seq for seq in probs if seq not in big]
-    observed = [counts[s] for s in big] + [sum(counts[s] for s in small)]
-    expected = [probs[s] * len(samples) for s in big] + [sum(probs[s] for s in small) * len(samples)]
-    observed, expected = np.array(observed, float), np.array(expected, float)
-    expected *= observed.sum() / expected.sum()
-    return float(chisquare(observed, expected).pvalue)
 
 
 def sample_many(schedule: str, rule: str, width: int = 2) -> list[tuple[int, ...]]:

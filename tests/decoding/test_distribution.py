@@ -6,19 +6,17 @@ from __future__ import annotations
 
 import itertools
 
-import numpy as np
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from packedss.decoding import DecodeSettings, Sampling, decode
 from packedss.decoding import schedules as schedules_module
+from tests.chi_square import LEVEL, chi_square_p
 from tests.toy_ltr import ToyLTRModel
 
 PROMPT = [1, 4, 6]
 LENGTH = 3
 RUNS = 5000
-LEVEL = 1e-3  # reject "same distribution" below this p-value
 
 
 def exact_ar_distribution(model: ToyLTRModel) -> dict[tuple[int, ...], float]:
@@ -30,20 +28,6 @@ def exact_ar_distribution(model: ToyLTRModel) -> dict[tuple[int, ...], float]:
             prefix += (token,)
         probs[seq] = p
     return probs
-
-
-def chi_square_p(samples: list[tuple[int, ...]], probs: dict) -> float:
-    """Chi-square goodness of fit; cells with expected count < 5 are pooled into one."""
-    counts = {seq: 0 for seq in probs}
-    for seq in samples:
-        counts[seq] += 1
-    big = [seq for seq, p in probs.items() if p * len(samples) >= 5]
-    small = [seq for seq in probs if seq not in big]
-    observed = [counts[s] for s in big] + [sum(counts[s] for s in small)]
-    expected = [probs[s] * len(samples) for s in big] + [sum(probs[s] for s in small) * len(samples)]
-    observed, expected = np.array(observed, float), np.array(expected, float)
-    expected *= observed.sum() / expected.sum()
-    return float(chisquare(observed, expected).pvalue)
 
 
 def sample_many(schedule: str, rule: str, width: int = 3) -> list[tuple[int, ...]]:

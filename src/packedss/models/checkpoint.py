@@ -72,6 +72,21 @@ def weight_files(path: str | Path, what: str) -> list[Path]:
     return files
 
 
+def tensor_renamer(backbone_prefixes: tuple[str, ...], head_names: tuple[str, ...]):
+    """Map checkpoint tensor names to `backbone.<name>` and `head.weight`; other tensors (adapter
+    weights shipped beside the model, buffers) map to None and are skipped."""
+
+    def rename(name: str) -> str | None:
+        if name in head_names:
+            return "head.weight"
+        for prefix in backbone_prefixes:
+            if name.startswith(prefix):
+                return "backbone." + name[len(prefix) :]
+        return None
+
+    return rename
+
+
 def load_tensors(path: str | Path, what: str, rename, device: torch.device, dtype: torch.dtype) -> dict:
     """All tensors of the checkpoint whose name `rename` maps to a module name (None = skip)."""
     tensors = {}

@@ -21,6 +21,7 @@ from packedss.models.checkpoint import (
     require_keys,
     resolve_dtype,
     save_tensors,
+    tensor_renamer,
 )
 
 FAMILY = "nemotron"
@@ -39,13 +40,7 @@ def backbone_config(config: dict) -> Ministral3Config:
     return backbone
 
 
-def _rename(name: str) -> str | None:
-    if name in HEAD_NAMES:
-        return "head.weight"
-    for prefix in BACKBONE_PREFIXES:
-        if name.startswith(prefix):
-            return "backbone." + name[len(prefix) :]
-    return None  # e.g. adapter weights shipped beside the model
+_rename = tensor_renamer(BACKBONE_PREFIXES, HEAD_NAMES)
 
 
 class _Network(nn.Module):

@@ -39,6 +39,7 @@ from packedss.models.checkpoint import (
     read_config,
     resolve_dtype,
     save_tensors,
+    tensor_renamer,
 )
 
 FAMILY = "setdlm"
@@ -138,13 +139,7 @@ def qwen3_config(config: dict, directory: Path, what: str, vocab_size: int | Non
     return qwen
 
 
-def _rename(name: str) -> str | None:
-    if name in HEAD_NAMES:
-        return "head.weight"
-    for prefix in BACKBONE_PREFIXES:
-        if name.startswith(prefix):
-            return "backbone." + name[len(prefix) :]
-    return None  # e.g. the static attention mask buffer, noise-schedule buffers
+_rename = tensor_renamer(BACKBONE_PREFIXES, HEAD_NAMES)
 
 
 def _load_bin(directory: Path, what: str, device: torch.device, dtype: torch.dtype) -> dict:

@@ -1,0 +1,23 @@
+"""The goodness-of-fit check of the distribution-preservation tests (LTR and any-order)."""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.stats import chisquare
+
+LEVEL = 1e-3  # reject "same distribution" below this p-value
+
+
+def chi_square_p(samples: list[tuple[int, ...]], probs: dict) -> float:
+    """Chi-square goodness of fit of sampled sequences against exact probabilities; cells with
+    expected count < 5 are pooled into one."""
+    counts = dict.fromkeys(probs, 0)
+    for seq in samples:
+        counts[seq] += 1
+    big = [seq for seq, p in probs.items() if p * len(samples) >= 5]
+    small = [seq for seq in probs if seq not in big]
+    observed = [counts[s] for s in big] + [sum(counts[s] for s in small)]
+    expected = [probs[s] * len(samples) for s in big] + [sum(probs[s] for s in small) * len(samples)]
+    observed, expected = np.array(observed, float), np.array(expected, float)
+    expected *= observed.sum() / expected.sum()
+    return float(chisquare(observed, expected).pvalue)
