@@ -10,7 +10,7 @@ The schedule then commits a prefix of the call's rows (a cache crop).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -33,6 +33,9 @@ class Call:
     positions: torch.Tensor  # (R,) long: position id of each row
     roles: torch.Tensor  # (R,) uint8: Role of each row
     attend: torch.Tensor  # (R, R) bool: attend[i, j] = row i sees row j of this call
+    # Rows that are not padding, when the builder knows it on the host (then `rows_useful` does
+    # not read `roles` back from the device, which would synchronize a CUDA stream).
+    useful: int | None = field(default=None, compare=False)
 
     @property
     def rows(self) -> int:
@@ -41,6 +44,8 @@ class Call:
     @property
     def rows_useful(self) -> int:
         """Rows that are not padding (their output is read or their KV may be committed)."""
+        if self.useful is not None:
+            return self.useful
         return self.rows - int((self.roles == Role.PAD).sum())
 
 

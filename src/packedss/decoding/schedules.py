@@ -8,6 +8,7 @@ Every call is built so that the rows a schedule commits are a prefix of its rows
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ from packedss.decoding.calls import (
     pad_segment,
 )
 from packedss.decoding.trace import Decoded, Emitter, Meter, StopCheck
-from packedss.decoding.verify import Sampling, next_token, propose, verify
+from packedss.decoding.verify import Sampling, last_token, next_token, propose, verify
 
 LTR_SCHEDULES = ("ar", "linear", "quadratic", "packed")
 
@@ -68,8 +69,76 @@ def decode(
     return meter.finish(emitter, len(prompt), accepted, proposed, drafted_ok)
 
 
-def _as_tensor(tokens: int, device: torch.device) -> torch.Tensor:
-    return torch.tensor([tokens], dtype=torch.long, device=device)
+@dataclass(frozen=True)
+class _Layout:
+    """The fixed part of a call of one shape: everything but the filled-in tokens and the
+    position n. Built once per shape (and device) from the segment builders of `calls`, then
+    shared by every call of that shape: building a call is then one `cat` for the tokens and
+    one add for the positions. The tensors are shared and must never be written to."""
+
+    offsets: torch.Tensor  # (R,) position of each row minus n
+    roles: torch.Tensor
+    attend: torch.Tensor
+    masks: torch.Tensor  # the constant MASK tokens that follow the filled-in rows
+    useful: int
+
+    def call(self, tokens: list[torch.Tensor], position: int) -> Call:
+        return Call(
+            tokens=torch.cat(tokens),
+            positions=self.offsets + position,
+            roles=self.roles,
+            attend=self.attend,
+            useful=self.useful,
+        )
+
+
+def _layout(call: Call, position: int, masks: torch.Tensor) -> _Layout:
+    return _Layout(call.positions - position, call.roles, call.attend, masks, call.rows_useful)
+
+
+def _mask_tokens(count: int, mask_token_id: int, device: torch.device) -> torch.Tensor:
+    return torch.full((count,), mask_token_id, dtype=torch.long, device=device)
+
+
+@functools.lru_cache(maxsize=256)
+def _causal_layout(rows: int, device: torch.device) -> _Layout:
+    call = pack([causal_segment(torch.zeros(rows, dtype=torch.long, device=device), 0)])
+    return _layout(call, 0, _mask_tokens(0, 0, device))
+
+
+@functools.lru_cache(maxsize=256)
+def _draft_layout(width: int, mask_token_id: int, device: torch.device) -> _Layout:
+    anchor = torch.zeros(1, dtype=torch.long, device=device)
+    call = pack([draft_block(anchor, 0, width, mask_token_id)])
+    return _layout(call, 0, _mask_tokens(width, mask_token_id, device))
+
+
+@functools.lru_cache(maxsize=256)
+def _packed_layout(m: int, width: int, mask_token_id: int, pad_verify: bool, device: torch.device) -> _Layout:
+    segments = [causal_segment(torch.zeros(m + 1, dtype=torch.long, device=device), 0)]
+    padding = width - m
+    if pad_verify and padding > 0:
+        segments.append(pad_segment(padding, mask_token_id, 0, device))
+    segments.append(draft_block(torch.zeros(1, dtype=torch.long, device=device), 0, width, mask_token_id))
+    call = pack(segments)
+    # Token rows after the verify segment: padding masks, then the block's anchor and W masks.
+    pad = padding if pad_verify and padding > 0 else 0
+    return _layout(call, 0, _mask_tokens(pad + width, mask_token_id, device))
+
+
+@functools.lru_cache(maxsize=64)
+def _quadratic_layout(block: int, mask_token_id: int, device: torch.device) -> _Layout:
+    k_of_row = torch.arange(block, device=device).repeat_interleave(block)  # (B*B,)
+    r_of_row = torch.arange(block, device=device).repeat(block)
+    rows = block + block * block
+    attend = torch.zeros(rows, rows, dtype=torch.bool, device=device)
+    attend[:block, :block] = torch.ones(block, block, dtype=torch.bool, device=device).tril_()
+    attend[block:, :block] = torch.arange(block, device=device)[None, :] <= k_of_row[:, None]
+    attend[block:, block:] = k_of_row[:, None] == k_of_row[None, :]
+    offsets = torch.cat([torch.arange(block, device=device), 1 + k_of_row + r_of_row])
+    roles = torch.full((rows,), int(Role.DRAFT), dtype=torch.uint8, device=device)
+    roles[:block] = int(Role.VERIFY)
+    return _Layout(offsets, roles, attend, _mask_tokens(block * block, mask_token_id, device), rows)
 
 
 def _ar(model, meter, emitter, prompt, s):
@@ -77,10 +146,11 @@ def _ar(model, meter, emitter, prompt, s):
     logits = meter.run(pack([causal_segment(prompt, 0)]))
     model.commit(length)
     last = next_token(logits[-1], s.sampling)
+    layout = _causal_layout(1, model.device)
     accepted: list[int] = []
     position = length
     while not emitter.emit(last.tolist()):
-        logits = meter.run(pack([causal_segment(last, position)]))
+        logits = meter.run(layout.call([last], position))
         model.commit(1)
         last = next_token(logits[0], s.sampling)
         accepted.append(1)
@@ -92,46 +162,34 @@ def _linear(model, meter, emitter, prompt, s):
     length, width = prompt.shape[0], s.width
     logits = meter.run(pack([causal_segment(prompt, 0)]))
     model.commit(length)
-    first = next_token(logits[-1], s.sampling).tolist()
+    last = next_token(logits[-1], s.sampling)
+    draft_layout = _draft_layout(width, model.mask_token_id, model.device)
+    verify_layout = _causal_layout(width + 1, model.device)
     accepted: list[int] = []
     proposed = drafted_ok = 0
-    last, position = first[-1], length
-    done = emitter.emit(first)
+    position = length
+    done = emitter.emit(last.tolist())
     while not done:
-        last_t = _as_tensor(last, model.device)
-        logits = meter.run(pack([draft_block(last_t, position, width, model.mask_token_id)]))
+        logits = meter.run(draft_layout.call([last, draft_layout.masks], position))
         model.commit(0)
         drafts, draft_probs = propose(logits[1:], s.sampling)
-        logits = meter.run(pack([causal_segment(torch.cat([last_t, drafts]), position)]))
+        logits = meter.run(verify_layout.call([last, drafts], position))
         emitted = verify(logits, drafts, draft_probs, s.sampling)
+        last = last_token(emitted, model.device)
         model.commit(len(emitted))
         accepted.append(len(emitted))
         proposed += width
         drafted_ok += len(emitted) - 1
         done = emitter.emit(emitted)
-        last, position = emitted[-1], position + len(emitted)
+        position += len(emitted)
     return accepted, proposed, drafted_ok
 
 
 def quadratic_call(last: torch.Tensor, drafts: torch.Tensor, position: int, mask_token_id: int) -> Call:
     """B verify rows [last@n, d_1..d_W] (causal) followed by B draft blocks; block k holds B
     masks at n+k+1..n+k+B that see the cache, verify rows 0..k and their own block."""
-    device = last.device
-    block = drafts.shape[0] + 1
-    k_of_row = torch.arange(block, device=device).repeat_interleave(block)  # (B*B,)
-    r_of_row = torch.arange(block, device=device).repeat(block)
-    rows = block + block * block
-    attend = torch.zeros(rows, rows, dtype=torch.bool, device=device)
-    attend[:block, :block] = torch.ones(block, block, dtype=torch.bool, device=device).tril_()
-    attend[block:, :block] = torch.arange(block, device=device)[None, :] <= k_of_row[:, None]
-    attend[block:, block:] = k_of_row[:, None] == k_of_row[None, :]
-    tokens = torch.cat([last.view(1), drafts, torch.full((block * block,), mask_token_id, device=device)])
-    positions = torch.cat(
-        [torch.arange(position, position + block, device=device), position + 1 + k_of_row + r_of_row]
-    )
-    roles = torch.full((rows,), int(Role.DRAFT), dtype=torch.uint8, device=device)
-    roles[:block] = int(Role.VERIFY)
-    return Call(tokens=tokens, positions=positions, roles=roles, attend=attend)
+    layout = _quadratic_layout(drafts.shape[0] + 1, mask_token_id, last.device)
+    return layout.call([last.view(1), drafts, layout.masks], position)
 
 
 def _quadratic(model, meter, emitter, prompt, s):
@@ -142,16 +200,16 @@ def _quadratic(model, meter, emitter, prompt, s):
     call = pack([causal_segment(prompt, 0), block_segment(masks, length)], sees={(1, 0): sees_prompt})
     logits = meter.run(call)
     model.commit(length)
-    first = next_token(logits[length - 1], s.sampling).tolist()
+    last = next_token(logits[length - 1], s.sampling)
     drafts, draft_probs = propose(logits[length + 1 :], s.sampling)  # positions L+1..L+W
     accepted: list[int] = []
     proposed = drafted_ok = 0
-    last, position = first[-1], length
-    done = emitter.emit(first)
+    position = length
+    done = emitter.emit(last.tolist())
     while not done:
-        last_t = _as_tensor(last, model.device)
-        logits = meter.run(quadratic_call(last_t, drafts, position, model.mask_token_id))
+        logits = meter.run(quadratic_call(last, drafts, position, model.mask_token_id))
         emitted = verify(logits[:block], drafts, draft_probs, s.sampling)
+        last = last_token(emitted, model.device)
         model.commit(len(emitted))
         h = len(emitted) - 1
         accepted.append(len(emitted))
@@ -161,7 +219,7 @@ def _quadratic(model, meter, emitter, prompt, s):
         # Block h saw exactly the accepted prefix; its first mask sits at the correction's position.
         start = block + h * block
         drafts, draft_probs = propose(logits[start + 1 : start + block], s.sampling)
-        last, position = emitted[-1], position + len(emitted)
+        position += len(emitted)
     return accepted, proposed, drafted_ok
 
 
@@ -170,12 +228,11 @@ def packed_call(
 ) -> Call:
     """Verify rows [last@n, d_1..d_m] (causal), optional padding to B rows, then the draft
     block [last@n, MASK@n+1..n+W] that sees the cache and its own block only."""
-    segments = [causal_segment(torch.cat([last.view(1), drafts]), position)]
-    padding = width - drafts.shape[0]
-    if pad_verify and padding > 0:
-        segments.append(pad_segment(padding, mask_token_id, position, last.device))
-    segments.append(draft_block(last, position, width, mask_token_id))
-    return pack(segments)
+    m = drafts.shape[0]
+    layout = _packed_layout(m, width, mask_token_id, pad_verify, last.device)
+    last = last.view(1)
+    pad = layout.masks.shape[0] - width
+    return layout.call([last, drafts, layout.masks[:pad], last, layout.masks[pad:]], position)
 
 
 def _packed(model, meter, emitter, prompt, s):
@@ -187,19 +244,19 @@ def _packed(model, meter, emitter, prompt, s):
     block = draft_block(prompt[-1], length - 1, width, model.mask_token_id)
     logits = meter.run(pack([causal_segment(prompt, 0), block], sees={(1, 0): sees_prompt}))
     model.commit(length)
-    first = next_token(logits[length - 1], s.sampling).tolist()
+    last = next_token(logits[length - 1], s.sampling)
     proposals, proposal_probs = propose(logits[length + 1 :], s.sampling)  # positions L..L+W-1
     drafts = proposals[1:]
     draft_probs = None if proposal_probs is None else proposal_probs[1:]
     accepted: list[int] = []
     proposed = drafted_ok = 0
-    last, position = first[-1], length
-    done = emitter.emit(first)
+    position = length
+    done = emitter.emit(last.tolist())
     while not done:
-        last_t = _as_tensor(last, model.device)
         m = drafts.shape[0]
-        logits = meter.run(packed_call(last_t, drafts, position, width, model.mask_token_id, s.pad_verify))
+        logits = meter.run(packed_call(last, drafts, position, width, model.mask_token_id, s.pad_verify))
         emitted = verify(logits[: m + 1], drafts, draft_probs, s.sampling)
+        last = last_token(emitted, model.device)
         model.commit(len(emitted))
         accepted.append(len(emitted))
         proposed += m
@@ -210,5 +267,5 @@ def _packed(model, meter, emitter, prompt, s):
         proposals, proposal_probs = propose(logits[-width:], s.sampling)
         drafts = proposals[len(emitted) :]
         draft_probs = None if proposal_probs is None else proposal_probs[len(emitted) :]
-        last, position = emitted[-1], position + len(emitted)
+        position += len(emitted)
     return accepted, proposed, drafted_ok

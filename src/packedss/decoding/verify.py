@@ -60,6 +60,24 @@ def _accepted_prefix(accept: torch.Tensor) -> torch.Tensor:
     return accept.to(torch.long).cumprod(dim=0).sum()
 
 
+class Emitted(list):
+    """The tokens one verification emits (a plain list of ints to every reader), plus `last`:
+    the last of them as a (1,) long tensor still on the device, so that the next call can be
+    built without copying a host integer back to the device (a CUDA synchronization)."""
+
+    def __init__(self, tokens: list[int], last: torch.Tensor):
+        super().__init__(tokens)
+        self.last = last
+
+
+def last_token(emitted: list[int], device: torch.device) -> torch.Tensor:
+    """The last emitted token as a (1,) device tensor (no copy when `verify` made it)."""
+    last = getattr(emitted, "last", None)
+    if last is None:  # a list from elsewhere (e.g. a replaced verifier in a test)
+        last = torch.tensor(emitted[-1:], dtype=torch.long, device=device)
+    return last
+
+
 def verify(
     verifier_logits: torch.Tensor,
     drafts: torch.Tensor,
@@ -68,20 +86,20 @@ def verify(
 ) -> list[int]:
     """Verify m drafts with m+1 verifier rows (row i predicts the position of draft i+1; row m
     gives the bonus). Returns the emitted tokens: the h accepted drafts and one more token
-    (correction or bonus), so 1 <= len <= m+1."""
+    (correction or bonus), so 1 <= len <= m+1, as an `Emitted` list. The one host-device
+    synchronization is the read-back of the accepted length and tokens (`.tolist()`)."""
     m = drafts.shape[0]
     if sampling.greedy:
         verified = verifier_logits.argmax(dim=-1)
         h = _accepted_prefix(verified[:m] == drafts)
-        packed = torch.cat([h.view(1), verified])
-        out = packed.tolist()
-        return out[1 : out[0] + 2]
+        out = torch.cat([h.view(1), verified]).tolist()
+        return Emitted(out[1 : out[0] + 2], verified.index_select(0, h.view(1)))
     p = probabilities(verifier_logits, sampling.temperature)
     if sampling.rule == "match":
         verified = sample_tokens(p, sampling.generator)
         h = _accepted_prefix(verified[:m] == drafts)
         out = torch.cat([h.view(1), verified]).tolist()
-        return out[1 : out[0] + 2]
+        return Emitted(out[1 : out[0] + 2], verified.index_select(0, h.view(1)))
     if sampling.rule != "rejection":
         raise ValueError(f"unknown verification rule {sampling.rule!r}; valid: {VERIFY_RULES}")
     rows = torch.arange(m, device=drafts.device)
@@ -98,4 +116,4 @@ def verify(
     last = sample_tokens(residual, sampling.generator)
     out = torch.cat([h.view(1), drafts, last]).tolist()
     h_int = out[0]
-    return out[1 : 1 + h_int] + [out[-1]]
+    return Emitted(out[1 : 1 + h_int] + [out[-1]], last)
