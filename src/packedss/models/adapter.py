@@ -7,6 +7,8 @@ the call's KV tentatively until the schedule commits a prefix of its rows (a cro
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
@@ -38,18 +40,32 @@ class BackboneAdapter:
         self.cache = DynamicCache(config=backbone.config)
         self.proposal_lora = None  # set by packedss.models.lora.attach_proposal_lora
         self._pending_rows: int | None = None
+        # id(attend) -> its additive (R, R) form; an entry lives exactly as long as its attend
+        # tensor (the decoder's per-shape layouts live for the process, a prefill's for one call).
+        self._biases: dict[int, torch.Tensor] = {}
 
     @property
     def cached_rows(self) -> int:
         return self.cache.get_seq_length()
 
+    def _attend_bias(self, attend: torch.Tensor) -> torch.Tensor:
+        """The call's own rule as an additive (R, R) block, cached per attend tensor (which
+        must not be written to after it was run; the decoder's layouts never are)."""
+        key = id(attend)
+        bias = self._biases.get(key)
+        if bias is None:
+            bias = torch.zeros(attend.shape, dtype=self.dtype, device=self.device)
+            bias.masked_fill_(~attend.to(self.device), torch.finfo(self.dtype).min)
+            self._biases[key] = bias
+            weakref.finalize(attend, self._biases.pop, key, None)
+        return bias
+
     def additive_mask(self, call: Call) -> torch.Tensor:
-        """(1, 1, R, C + R): 0 where a row may attend, the dtype's minimum elsewhere."""
-        allowed = torch.cat(
-            [torch.ones(call.rows, self.cached_rows, dtype=torch.bool, device=self.device), call.attend], dim=1
-        )
-        mask = torch.zeros(allowed.shape, dtype=self.dtype, device=self.device)
-        mask.masked_fill_(~allowed, torch.finfo(self.dtype).min)
+        """(1, 1, R, C + R): 0 where a row may attend, the dtype's minimum elsewhere. Every row
+        sees the whole cache, so only the last R columns depend on the call."""
+        cached = self.cached_rows
+        mask = torch.zeros(call.rows, cached + call.rows, dtype=self.dtype, device=self.device)
+        mask[:, cached:] = self._attend_bias(call.attend)
         return mask[None, None]
 
     @torch.inference_mode()
