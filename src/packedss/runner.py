@@ -159,11 +159,19 @@ def run_job(cfg) -> JobResult:
         sampling = Sampling(temperature=cfg.temperature, rule=cfg.verify, generator=generator)
         common = dict(width=cfg.width, max_new_tokens=max_new_tokens, eos_token_ids=model.eos_token_ids,
                       sampling=sampling)  # fmt: skip
+        lora = model.proposal_lora
+        if lora is not None:
+            lora.calls.clear()
         if cfg.model.family == "setdlm":
             settings = AnyOrderSettings(schedule=cfg.schedule.name, order=cfg.order, **common)
-            return decode_anyorder(model, ids, settings, stop_check)
-        settings = DecodeSettings(schedule=cfg.schedule.name, pad_verify=cfg.schedule.pad_verify, **common)
-        return decode(model, ids, settings, stop_check)
+            out = decode_anyorder(model, ids, settings, stop_check)
+        else:
+            settings = DecodeSettings(schedule=cfg.schedule.name, pad_verify=cfg.schedule.pad_verify, **common)
+            out = decode(model, ids, settings, stop_check)
+        if lora is not None:  # rows that received adapter updates / rows they were computed for, per call
+            out.extra["lora_rows_selected"] = [selected for selected, _ in lora.calls]
+            out.extra["lora_rows_evaluated"] = [evaluated for _, evaluated in lora.calls]
+        return out
 
     def prompt_ids(question) -> list[int]:
         text = task.build_prompt(question, tokenizer=tokenizer, chat=cfg.model.chat)
