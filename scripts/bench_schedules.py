@@ -8,8 +8,11 @@ that drifts of the machine hit every schedule alike. One table per run:
     Tokens/s, Tokens/NFE, Time/NFE (ms), NFE (mean per response), Model ms/iter (model time
     per iteration after prefill), Non-model share of wall (%), Match (% of questions whose
     output equals the reference schedule's token for token: AR when it runs, else the first),
-    Accuracy, and the throughput ratio to Linear-SS with its 95% paired bootstrap CI
-    (packedss.analysis.bootstrap.compare: questions paired, BCa).
+    Accuracy, the throughput ratio to Linear-SS with its 95% paired bootstrap CI
+    (packedss.analysis.bootstrap.compare: questions paired, BCa), and with --replay the
+    decoder's own time per iteration (every call's logits recorded, then the same decodes
+    replayed against a zero-cost model: the schedule, call building, verification and stop
+    checks without any model time; best of 5).
 
 Definitions are the paper's (SPEC §6): aggregate totals; non-model share = Σ(wall - model) /
 Σwall, where wall is the decoder's inclusive time (prompt included) and model the summed
@@ -92,6 +95,66 @@ def load(args, device: torch.device, dtype: str):
     return adapter, tokenizer, bool(cfg.chat), f"{cfg.name} tokenizer + random {args.shape or args.config} weights"
 
 
+class _Recorder:
+    """Passes calls to the model and keeps every call's logits (for `replay_overhead`)."""
+
+    def __init__(self, model):
+        self.model, self.device, self.mask_token_id, self.log = model, model.device, model.mask_token_id, []
+
+    def run(self, call):
+        logits = self.model.run(call)
+        self.log.append(logits)
+        return logits
+
+    def commit(self, rows):
+        self.model.commit(rows)
+
+    def reset(self):
+        self.model.reset()
+
+    def synchronize(self):
+        self.model.synchronize()
+
+
+class _Replay:
+    """A zero-cost model: returns the recorded logits of each call in turn."""
+
+    def __init__(self, log, device, mask_token_id):
+        self.log, self.device, self.mask_token_id, self.index = log, device, mask_token_id, 0
+
+    def run(self, call):
+        self.index += 1
+        return self.log[self.index - 1]
+
+    def commit(self, rows):
+        pass
+
+    def reset(self):
+        pass
+
+    def synchronize(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def replay_overhead(adapter, jobs, rounds: int = 5) -> float:
+    """The decoder's own time per iteration, in microseconds: every call's logits are recorded
+    with the real model, then the same decodes run again against a model that returns them at no
+    cost (identical control flow), best of `rounds`. `jobs` = [(prompt, settings, stop_check)]."""
+    logs, iterations = [], 0
+    for prompt, settings, stop_check in jobs:
+        recorder = _Recorder(adapter)
+        iterations += decode(recorder, prompt, settings, stop_check).iterations
+        logs.append(recorder.log)
+    best = math.inf
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for (prompt, settings, stop_check), log in zip(jobs, logs, strict=True):
+            decode(_Replay(log, adapter.device, adapter.mask_token_id), prompt, settings, stop_check)
+        best = min(best, time.perf_counter() - started)
+    return 1e6 * best / max(iterations, 1)
+
+
 def summarize(frame: pd.DataFrame, reference: str, base: str, n_resamples: int) -> pd.DataFrame:
     rows = []
     ref = frame[frame["schedule"] == reference].set_index("question_id")["output_hash"]
@@ -124,7 +187,7 @@ def summarize(frame: pd.DataFrame, reference: str, base: str, n_resamples: int) 
 def markdown(table: pd.DataFrame) -> str:
     shown = [c for c in table.columns if not c.startswith("_")]
     fmt = {"Tokens/s": "{:.1f}", "Tokens/NFE": "{:.3f}", "Time/NFE (ms)": "{:.3f}", "NFE": "{:.2f}",
-           "Model ms/iter": "{:.3f}", "Non-model (%)": "{:.1f}", "Match (%)": "{:.0f}", "Accuracy (%)": "{:.1f}"}  # fmt: skip
+           "Model ms/iter": "{:.3f}", "Non-model (%)": "{:.1f}", "Decoder us/iter": "{:.1f}", "Match (%)": "{:.0f}", "Accuracy (%)": "{:.1f}"}  # fmt: skip
     lines = ["| " + " | ".join(shown) + " |", "|" + "|".join("---" if c == "Schedule" else "---:" for c in shown) + "|"]
     for _, row in table.iterrows():
         cells = []
@@ -162,6 +225,8 @@ def main(argv=None) -> int:
     ap.add_argument("--threads", type=int, default=1, help="CPU intra-op threads (0: torch's default)")
     ap.add_argument("--no-grade", action="store_true", help="skip grading (speed only)")
     ap.add_argument("--n-resamples", type=int, default=N_RESAMPLES)
+    ap.add_argument("--replay", action="store_true", help="also measure the decoder's own time per iteration "
+                    "by replaying recorded logits through a zero-cost model (column Decoder us/iter)")  # fmt: skip
     ap.add_argument("--json", default=None, help="write the per-question rows and the table here")
     args = ap.parse_args(argv)
 
@@ -188,14 +253,16 @@ def main(argv=None) -> int:
                                         add_special_tokens=not chat)["input_ids"] for q in questions}  # fmt: skip
     width_of = {s: (args.quadratic_width or args.width) if s == "quadratic" else args.width for s in schedules}
 
-    def run(schedule: str, question) -> object:
+    def settings_for(schedule: str, question) -> DecodeSettings:
         generator = None
         if args.temperature > 0:
             generator = torch.Generator(device=device).manual_seed(question_seed(args.seed, question.question_id))
         sampling = Sampling(args.temperature, args.verify, generator)
-        settings = DecodeSettings(schedule, width_of[schedule], max_new, adapter.eos_token_ids, sampling,
-                                  pad_verify=not args.no_pad_verify)  # fmt: skip
-        return decode(adapter, prompts[question.question_id], settings, stop_check)
+        return DecodeSettings(schedule, width_of[schedule], max_new, adapter.eos_token_ids, sampling,
+                              pad_verify=not args.no_pad_verify)  # fmt: skip
+
+    def run(schedule: str, question) -> object:
+        return decode(adapter, prompts[question.question_id], settings_for(schedule, question), stop_check)
 
     started = time.perf_counter()
     for question in warm:
@@ -224,6 +291,11 @@ def main(argv=None) -> int:
     frame = pd.DataFrame(rows)
     reference = "ar" if "ar" in schedules else schedules[0]
     table = summarize(frame, reference, "linear", args.n_resamples)
+    if args.replay:
+        table["Decoder us/iter"] = [
+            replay_overhead(adapter, [(prompts[q.question_id], settings_for(s, q), stop_check) for q in timed])
+            for s in frame["schedule"].drop_duplicates()
+        ]
     elapsed = time.perf_counter() - started
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"bench_schedules: model={label} task={args.task} questions={len(timed)} (+{len(warm)} warm-up) "

@@ -80,12 +80,29 @@ def test_bench_schedules_interleaves_and_compares(checkpoint, tmp_path, capsys):
     assert packed["Tok/s vs Linear-SS"].startswith(f"{packed['_ratio']:.3f} [")
 
 
-def test_bench_schedules_on_random_weights_of_a_shape(checkpoint, capsys):
+def test_bench_schedules_on_random_weights_of_a_shape_with_replay(checkpoint, tmp_path, capsys):
+    out = tmp_path / "random.json"
     argv = ["--model", str(checkpoint), "--shape", "test", "--limit", "2", "--schedules", "linear,packed",
-            "--max-new-tokens", "6", "--no-grade", "--n-resamples", "100"]  # fmt: skip
+            "--max-new-tokens", "6", "--no-grade", "--n-resamples", "100", "--replay", "--json", str(out)]  # fmt: skip
     assert bench_schedules.main(argv) == 0
     printed = capsys.readouterr().out
-    assert "random test weights" in printed and "| Packed-SS |" in printed
+    assert "random test weights" in printed and "| Packed-SS |" in printed and "Decoder us/iter" in printed
+    table = json.loads(out.read_text())["table"]
+    assert [r["Schedule"] for r in table] == ["Linear-SS", "Packed-SS"]
+    assert all(0 < r["Decoder us/iter"] < 1e6 for r in table)
+
+
+def test_replay_reproduces_the_decode_without_the_model(checkpoint):
+    from packedss.decoding import DecodeSettings, Sampling, decode
+    from packedss.models.nemotron import load_nemotron
+
+    model = load_nemotron(checkpoint, dtype="float64")
+    settings = DecodeSettings("packed", 3, 10, model.eos_token_ids, Sampling(0.0, "rejection", None))
+    recorder = bench_schedules._Recorder(model)
+    real = decode(recorder, [5, 9, 11, 30, 7], settings)
+    replay = bench_schedules._Replay(recorder.log, model.device, model.mask_token_id)
+    again = decode(replay, [5, 9, 11, 30, 7], settings)
+    assert again.tokens == real.tokens and again.nfe_total == real.nfe_total == replay.index
 
 
 def test_bench_schedules_rejects_an_unknown_schedule(checkpoint):
