@@ -3,6 +3,7 @@
 import re
 
 from packedss.tasks import load_task, load_task_config
+from packedss.tasks import arith
 from packedss.tasks.arith import generate, split_of
 
 
@@ -32,9 +33,9 @@ def test_solutions_are_worked_and_correct():
         for m in steps:
             expr, val, shown = m.groups()
             assert eval(expr.replace("/", "//")) == int(val) == int(shown)
-            assert 0 <= int(val) < 1000
+            assert 0 <= int(val) < arith.LIMIT
         final = int(lines[-1][5:])
-        assert final == int(steps[-1].group(2)) and 0 <= final < 1000
+        assert final == int(steps[-1].group(2)) and 0 <= final < arith.LIMIT
         assert len(r["question"]) < 300
 
 
