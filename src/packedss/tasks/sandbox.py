@@ -1,6 +1,6 @@
 """Run an untrusted Python program in a separate, limited process.
 
-Guarantees (see tasks/README.md for the limits):
+Guarantees (see the README, "Tasks", for the limits):
 - a fresh temporary working directory, deleted afterwards; stdin = /dev/null; only fds 0-2
   inherited (close_fds); a scrubbed environment (minimal PATH, HOME/TMPDIR = the sandbox);
   ``python -I`` (isolated mode: no PYTHON* variables, no user site, no script dir on path);
