@@ -33,12 +33,19 @@ FIGURE5_RUNS := 6
 
 .PHONY: reproduce-all $(foreach n,$(REPRO_TABLES),reproduce-table$(n) repro-run-table$(n)) $(foreach n,$(REPRO_FIGURES),reproduce-figure$(n))
 
+# Tables 11 and 12 are computed from Table 6's runs and Table 13 from Table 7's (their presets
+# extend those), so their records live, and resume, in the same folder.
+RUNS_OF_11 := 6
+RUNS_OF_12 := 6
+RUNS_OF_13 := 7
+runs_of = $(or $(RUNS_OF_$(1)),$(1))
+
 define repro_table_rules
 repro-run-table$(1): $(STAMP)
-	$(PY) run.py -m +experiment=table$(1) $(call repro_overrides,$(1)) out_dir=$(RESULTS)/table$(1)/records
+	$(PY) run.py -m +experiment=table$(1) $(call repro_overrides,$(1)) out_dir=$(RESULTS)/table$(call runs_of,$(1))/records
 
 reproduce-table$(1): repro-run-table$(1)
-	$(PY) -m packedss.analysis $(RESULTS)/table$(1) --tables $(1) $(ANALYSIS_FLAGS)
+	$(PY) -m packedss.analysis $(RESULTS)/table$(1) --tables $(1) $(if $(RUNS_OF_$(1)),--records $(RESULTS)/table$(call runs_of,$(1))/records) $(ANALYSIS_FLAGS)
 endef
 $(foreach n,$(REPRO_TABLES),$(eval $(call repro_table_rules,$(n))))
 
