@@ -15,7 +15,8 @@ and prints the per-iteration model time of each schedule (Linear-SS = draft + ve
 Packed-SS and Quadratic-SS = one call), plus the paper's Table 5 pairing (Linear and Packed at
 B = 32, Quadratic at B = 8). Each call runs on a cache of exactly C rows and is cropped back
 after it (commit(0)), as in decoding. GPU: CUDA events around `adapter.run`; CPU: perf_counter
-around run + synchronize. The median over --iters timed calls after --warmup untimed ones.
+around run + synchronize. The four calls of one (C, B) are timed round-robin; the median over
+--iters timed calls each, after --warmup untimed rounds.
 
     python scripts/bench_calls.py --shape tiny --device cpu
     python scripts/bench_calls.py --shape nemotron8b --device cuda --dtype bfloat16 --prefix 256,1024
@@ -98,33 +99,39 @@ def random_adapter(config: dict, device: torch.device, dtype: torch.dtype, attn:
 
 class Timer:
     """Times `adapter.run` calls: CUDA events on a GPU (read after one synchronize), else the host
-    clock around run + synchronize."""
+    clock around run + synchronize. The calls of one (C, B) are timed round-robin (A B C D A B C D
+    ...), so that a drift of the machine hits every call shape alike."""
 
     def __init__(self, adapter: BackboneAdapter):
         self.adapter = adapter
         self.cuda = adapter.device.type == "cuda"
 
-    def time(self, call, warmup: int, iters: int) -> list[float]:
-        """Seconds per call (iters values); the cache is cropped back after every call."""
-        out, events = [], []
+    def _one(self, call):
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            self.adapter.run(call)
+            end.record()
+            self.adapter.commit(0)  # the cache is cropped back to C rows after every call
+            return start, end
+        t0 = time.perf_counter()
+        self.adapter.run(call)
+        self.adapter.synchronize()
+        elapsed = time.perf_counter() - t0
+        self.adapter.commit(0)
+        return elapsed
+
+    def time(self, calls: dict, warmup: int, iters: int) -> dict[str, list[float]]:
+        """Seconds per call, `iters` values per call shape."""
+        out = {kind: [] for kind in calls}
         for i in range(warmup + iters):
-            if self.cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                self.adapter.run(call)
-                end.record()
+            for kind, call in calls.items():
+                measured = self._one(call)
                 if i >= warmup:
-                    events.append((start, end))
-            else:
-                t0 = time.perf_counter()
-                self.adapter.run(call)
-                self.adapter.synchronize()
-                if i >= warmup:
-                    out.append(time.perf_counter() - t0)
-            self.adapter.commit(0)
+                    out[kind].append(measured)
         if self.cuda:
             torch.cuda.synchronize(self.adapter.device)
-            out = [s.elapsed_time(e) / 1000.0 for s, e in events]
+            out = {kind: [s.elapsed_time(e) / 1000.0 for s, e in pairs] for kind, pairs in out.items()}
         return out
 
 
@@ -160,14 +167,14 @@ def bench(adapter: BackboneAdapter, blocks: list[int], prefixes: list[int], warm
     for prefix in prefixes:
         prefill(adapter, prefix)
         for block in blocks:
-            for kind, call in iteration_calls(adapter, block, prefix).items():
-                times = timer.time(call, warmup, iters)
+            calls = iteration_calls(adapter, block, prefix)
+            for kind, times in timer.time(calls, warmup, iters).items():
                 results.append({
-                    "prefix": prefix, "block": block, "kind": kind, "rows": call.rows,
+                    "prefix": prefix, "block": block, "kind": kind, "rows": calls[kind].rows,
                     "median_ms": 1000 * statistics.median(times), "min_ms": 1000 * min(times),
                     "iters": len(times),
                 })  # fmt: skip
-                print(f"  C={prefix:5d} B={block:3d} {kind:14s} rows={call.rows:5d} "
+                print(f"  C={prefix:5d} B={block:3d} {kind:14s} rows={calls[kind].rows:5d} "
                       f"median {results[-1]['median_ms']:8.3f} ms", file=sys.stderr, flush=True)  # fmt: skip
         adapter.reset()
     return results
