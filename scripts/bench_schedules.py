@@ -55,7 +55,6 @@ from packedss.records import output_hash  # noqa: E402
 from packedss.runner import make_stop_check, output_text, question_seed  # noqa: E402
 from packedss.tasks import load_task, load_task_config  # noqa: E402
 
-PAPER_NONMODEL_SHARE = {"linear": 8.1, "quadratic": 16.2, "packed": 10.2}  # Table 3 (8B GSM8K), % of wall
 
 
 def load(args, device: torch.device, dtype: str):
