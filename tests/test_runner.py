@@ -145,6 +145,7 @@ def composed():
         (["model=nemotron8b"], "weights nvidia/Nemotron-Labs-Diffusion-8B are not available locally"),
         (["task=gsm8k"], "gsm8k"),
         (["order=confidence"], "order=confidence needs an any-order model"),
+        (["timing=bogus"], "invalid timing='bogus'; valid choices: sync, events"),
     ],
 )
 def test_bad_input_fails_at_start_with_one_clear_message(composed, model_overrides, tmp_path, monkeypatch,

@@ -11,6 +11,7 @@ from typing import Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from packedss.decoding.trace import TIMINGS
 from packedss.errors import PackedSSError
 from packedss.models.checkpoint import DTYPES
 from packedss.tasks import TaskConfig
@@ -64,6 +65,7 @@ class RunConfig:
     out_dir: str = "results/default/records"
     device: str = "auto"
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    timing: str = "sync"  # CUDA model time: "sync" (synchronize per call) or "events" (CUDA events)
     threads: int = 0  # torch intra-op threads; 0 = auto (1 on CPU: see README, 'CPU threads')
     warmup: bool = True  # one untimed, unrecorded decode before the timed ones
     progress: bool = True  # a progress bar (tqdm hides itself in non-interactive logs)
@@ -91,6 +93,7 @@ def validate(cfg) -> None:
     _choice(cfg.order, ORDERS, "order")
     _choice(cfg.device, DEVICES, "device")
     _choice(cfg.dtype, ("auto", *DTYPES), "dtype")
+    _choice(cfg.timing, TIMINGS, "timing")
     if cfg.repeats < 1:
         raise PackedSSError(f"invalid repeats={cfg.repeats}; must be >= 1")
     if cfg.limit is not None and cfg.limit < 1:

@@ -149,6 +149,7 @@ def run_job(cfg) -> JobResult:
         "pad_verify": bool(cfg.schedule.pad_verify),
         "lora": bool(cfg.model.lora),
         "lossy": cfg.schedule.name == "native",
+        "timing": cfg.timing,
         "max_new_tokens": max_new_tokens,
     }
 
@@ -158,7 +159,7 @@ def run_job(cfg) -> JobResult:
             generator = torch.Generator(device=device).manual_seed(question_seed(cfg.seed, question_id))
         sampling = Sampling(temperature=cfg.temperature, rule=cfg.verify, generator=generator)
         common = dict(width=cfg.width, max_new_tokens=max_new_tokens, eos_token_ids=model.eos_token_ids,
-                      sampling=sampling)  # fmt: skip
+                      sampling=sampling, timing=cfg.timing)  # fmt: skip
         lora = model.proposal_lora
         if lora is not None:
             lora.calls.clear()

@@ -37,6 +37,7 @@ class AnyOrderSettings:
     sampling: Sampling
     order: str = "ltr"  # verification order: "ltr" or "confidence" (native ignores it)
     confidence_threshold: float = 0.9  # native: also resolve every proposal at least this confident
+    timing: str = "sync"  # how model time is measured on CUDA: "sync" or "events" (see trace.Meter)
 
 
 def set_call(
@@ -96,7 +97,7 @@ class _Decoder:
         self.mask = int(model.mask_token_id)
         self.prompt = list(prompt)
         self.length = len(self.prompt)
-        self.meter = Meter(model)
+        self.meter = Meter(model, s.timing)
         self.emitter = Emitter(s.max_new_tokens, s.eos_token_ids, stop_check)
         self.tokens: dict[int, int] = {}  # resolved generation position -> token
         self.contiguous = self.length  # every position < this one is resolved

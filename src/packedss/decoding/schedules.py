@@ -38,6 +38,7 @@ class DecodeSettings:
     eos_token_ids: tuple[int, ...]
     sampling: Sampling
     pad_verify: bool = True  # packed: pad the verify segment to B rows (2B rows per call)
+    timing: str = "sync"  # how model time is measured on CUDA: "sync" or "events" (see Meter)
 
     @property
     def block(self) -> int:
@@ -60,7 +61,7 @@ def decode(
     if len(prompt) < 1:
         raise ValueError("the prompt must hold at least one token")
     model.reset()
-    meter = Meter(model)
+    meter = Meter(model, settings.timing)
     emitter = Emitter(settings.max_new_tokens, settings.eos_token_ids, stop_check)
     prompt_ids = torch.as_tensor(list(prompt), dtype=torch.long, device=model.device)
     schedule = {"ar": _ar, "linear": _linear, "quadratic": _quadratic, "packed": _packed}[settings.schedule]

@@ -84,22 +84,28 @@ class Emitter:
         return reason is not None
 
 
+TIMINGS = ("sync", "events")
+
+
 class Meter:
     """Runs calls on a model, timing each and counting rows.
 
-    CPU: each call is timed on the host around `run` + `synchronize`. CUDA: each call is
-    bracketed by two CUDA events on the current stream and nothing waits for the device inside
-    an iteration (the one synchronization left is the schedule reading the accepted length back);
-    the event times are read once, in `finish`. A call's time is then the device time from the
-    moment its first kernel could start to the end of its last one."""
+    `timing="sync"` (the default): each call is timed on the host around `run` + a device
+    synchronize, so model time and non-model time add up to the wall time as in the paper's
+    decomposition. `timing="events"` (CUDA only): each call is bracketed by two CUDA events and
+    nothing waits for the device inside an iteration except the schedule's read-back of the
+    accepted length; the event times are read once, in `finish`, and a call's time is the device
+    time from the moment its first kernel could start to the end of its last one."""
 
-    def __init__(self, model: CallModel):
+    def __init__(self, model: CallModel, timing: str = "sync"):
+        if timing not in TIMINGS:
+            raise ValueError(f"unknown timing {timing!r}; valid: {TIMINGS}")
         self.model = model
         self.rows_evaluated: list[int] = []
         self.rows_useful: list[int] = []
         self.call_model_s: list[float] = []
         device = getattr(model, "device", None)
-        self.cuda = device is not None and torch.device(device).type == "cuda"
+        self.cuda = timing == "events" and device is not None and torch.device(device).type == "cuda"
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self.started = time.perf_counter()
 
