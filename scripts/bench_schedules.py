@@ -50,6 +50,7 @@ from packedss.analysis.bootstrap import N_RESAMPLES, compare  # noqa: E402
 from packedss.analysis.metrics import SCHEDULE_LABELS  # noqa: E402
 from packedss.decoding import DecodeSettings, Sampling, decode  # noqa: E402
 from packedss.decoding.schedules import LTR_SCHEDULES  # noqa: E402
+from packedss.decoding.trace import TIMINGS  # noqa: E402
 from packedss.models.checkpoint import read_config, resolve_dtype  # noqa: E402
 from packedss.records import output_hash  # noqa: E402
 from packedss.runner import make_stop_check, output_text, question_seed  # noqa: E402
@@ -222,6 +223,8 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="auto")
     ap.add_argument("--dtype", default="auto", help="auto: float32 on CPU, bfloat16 on CUDA")
     ap.add_argument("--threads", type=int, default=1, help="CPU intra-op threads (0: torch's default)")
+    ap.add_argument("--timing", default="sync", choices=TIMINGS,
+                    help="CUDA model time: sync after each call, or CUDA events (one sync per iteration)")
     ap.add_argument("--no-grade", action="store_true", help="skip grading (speed only)")
     ap.add_argument("--n-resamples", type=int, default=N_RESAMPLES)
     ap.add_argument("--replay", action="store_true", help="also measure the decoder's own time per iteration "
@@ -258,7 +261,7 @@ def main(argv=None) -> int:
             generator = torch.Generator(device=device).manual_seed(question_seed(args.seed, question.question_id))
         sampling = Sampling(args.temperature, args.verify, generator)
         return DecodeSettings(schedule, width_of[schedule], max_new, adapter.eos_token_ids, sampling,
-                              pad_verify=not args.no_pad_verify)  # fmt: skip
+                              pad_verify=not args.no_pad_verify, timing=args.timing)  # fmt: skip
 
     def run(schedule: str, question) -> object:
         return decode(adapter, prompts[question.question_id], settings_for(schedule, question), stop_check)

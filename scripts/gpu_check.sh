@@ -61,6 +61,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 TINY="--model $MODEL --task arith --limit $N --width 8 --schedules ar,linear,quadratic,packed --device $DEVICE --threads $THREADS"
 step exact-fp32 80 "$PY" scripts/bench_schedules.py $TINY --dtype float32 --json "$OUT/exact-fp32.json"
 step exact-bf16 80 "$PY" scripts/bench_schedules.py $TINY --dtype bfloat16 --json "$OUT/exact-bf16.json"
+step events-bf16 80 "$PY" scripts/bench_schedules.py $TINY --dtype bfloat16 --timing events --json "$OUT/events-bf16.json"
 "$PY" - "$OUT" <<'EOF' || FAILED+=("fp32-exactness")
 import json, sys
 out = sys.argv[1]
