@@ -229,3 +229,25 @@ def test_any_order_width_is_bounded_by_smax(composed, tmp_path):
     cfg = composed(["model=setdlm1.7b", f"model.path={checkpoint}", f"width={SET_SMAX + 1}", f"out_dir={tmp_path / 'o'}"])
     with pytest.raises(PackedSSError, match=f"valid widths: 1..{SET_SMAX}"):
         run_job(cfg)
+
+
+def test_stop_strings_cut_tokens_and_text(tmp_path):
+    from transformers import AutoTokenizer
+
+    from packedss.runner import make_stop_check, output_text
+    from tests.conftest import write_test_tokenizer
+
+    write_test_tokenizer(tmp_path)
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path))
+    ids = tokenizer(" 3 * 4 = 12.\n#### 12\nQuestion: Tom has", add_special_tokens=False)["input_ids"]
+    check = make_stop_check(tokenizer, ["\nQuestion:"])
+    keep = None
+    for end in range(1, len(ids) + 1):  # tokens arrive a few at a time, as from a schedule
+        keep = check(ids[:end], 1)
+        if keep is not None:
+            break
+    assert keep is not None
+    assert tokenizer.decode(ids[:keep]).endswith("\nQuestion:")
+    assert "\nQuestion:" not in tokenizer.decode(ids[: keep - 1])
+    assert output_text(tokenizer, ids[:keep], ["\nQuestion:"]) == " 3 * 4 = 12.\n#### 12"
+    assert make_stop_check(tokenizer, []) is None

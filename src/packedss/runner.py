@@ -66,13 +66,16 @@ def make_stop_check(tokenizer, stops: list[str]):
     if not stops:
         return None
     lookback = max(len(s) for s in stops) + 2
+    # The fast tokenizer's backend decode skips transformers' argument handling (most of the cost).
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    to_text = backend.decode if backend is not None else tokenizer.decode
 
     def check(tokens, new):
         start = max(0, len(tokens) - new - lookback)
-        if not any(s in tokenizer.decode(tokens[start:]) for s in stops):
+        if not any(s in to_text(tokens[start:]) for s in stops):
             return None
         for end in range(len(tokens) - new + 1, len(tokens) + 1):
-            if any(s in tokenizer.decode(tokens[start:end]) for s in stops):
+            if any(s in to_text(tokens[start:end]) for s in stops):
                 return end
         return None
 
