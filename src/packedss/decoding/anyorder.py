@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from packedss.decoding.calls import Call, CallModel, Role
-from packedss.decoding.trace import Decoded, Emitter, Meter, StopCheck
+from packedss.decoding.trace import Decoded, Emitter, Meter, StopCheck, check_request
 from packedss.decoding.verify import Sampling, next_token, probabilities, propose, verify
 
 ANYORDER_SCHEDULES = ("ar", "linear", "packed", "quadratic", "native")
@@ -389,16 +389,9 @@ def decode_anyorder(
     stop_check: StopCheck | None = None,
 ) -> Decoded:
     """Decode one response of a set model with the chosen any-order schedule."""
-    if settings.schedule not in ANYORDER_SCHEDULES:
-        raise ValueError(f"unknown any-order schedule {settings.schedule!r}; valid: {ANYORDER_SCHEDULES}")
+    check_request(settings.schedule, ANYORDER_SCHEDULES, settings.width, settings.max_new_tokens, prompt)
     if settings.order not in ORDERS:
         raise ValueError(f"unknown verification order {settings.order!r}; valid: {ORDERS}")
-    if settings.width < 1:
-        raise ValueError(f"width must be >= 1, got {settings.width}")
-    if settings.max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {settings.max_new_tokens}")
-    if len(prompt) < 1:
-        raise ValueError("the prompt must hold at least one token")
     model.reset()
     try:
         return _Decoder(model, prompt, settings, stop_check).decode()

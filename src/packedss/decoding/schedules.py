@@ -24,7 +24,7 @@ from packedss.decoding.calls import (
     pack,
     pad_segment,
 )
-from packedss.decoding.trace import Decoded, Emitter, Meter, StopCheck
+from packedss.decoding.trace import Decoded, Emitter, Meter, StopCheck, check_request
 from packedss.decoding.verify import Sampling, last_token, next_token, propose, verify
 
 LTR_SCHEDULES = ("ar", "linear", "quadratic", "packed")
@@ -52,14 +52,7 @@ def decode(
     stop_check: StopCheck | None = None,
 ) -> Decoded:
     """Decode one response with the chosen LTR schedule."""
-    if settings.schedule not in LTR_SCHEDULES:
-        raise ValueError(f"unknown schedule {settings.schedule!r}; valid: {LTR_SCHEDULES}")
-    if settings.width < 1:
-        raise ValueError(f"width must be >= 1, got {settings.width}")
-    if settings.max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {settings.max_new_tokens}")
-    if len(prompt) < 1:
-        raise ValueError("the prompt must hold at least one token")
+    check_request(settings.schedule, LTR_SCHEDULES, settings.width, settings.max_new_tokens, prompt)
     model.reset()
     meter = Meter(model, settings.timing)
     emitter = Emitter(settings.max_new_tokens, settings.eos_token_ids, stop_check)
