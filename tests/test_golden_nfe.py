@@ -73,6 +73,18 @@ def diff(expected: dict, measured: dict) -> list[str]:
     return lines
 
 
+def test_diff_names_every_moved_count():
+    old = {"tiny packed W=8 q1": {"nfe_total": 20, "output_hash": "a" * 64}, "tiny ar W=1 q1": {"nfe_total": 9, "output_hash": "b" * 64}}
+    new = {"tiny packed W=8 q1": {"nfe_total": 22, "output_hash": "c" * 64}, "tiny ar W=1 q2": {"nfe_total": 9, "output_hash": "b" * 64}}
+    assert diff(old, old) == []
+    assert diff(old, new) == [
+        "tiny ar W=1 q1: missing from this run",
+        "tiny ar W=1 q2: new (not in the golden file)",
+        "tiny packed W=8 q1: nfe_total 20 -> 22",
+        "tiny packed W=8 q1: output_hash aaaaaaaaaaaa -> cccccccccccc",
+    ]
+
+
 @pytest.mark.skipif(not (_model_dir("tiny") / "config.json").is_file(), reason="the shipped tiny model is absent")
 def test_nfe_counts_match_the_golden_file():
     expected = json.loads(GOLDEN.read_text())
