@@ -21,9 +21,16 @@ REPRO_TABLES := 2 3 4 5 6 7 8 9 10 11 12 13
 REPRO_FIGURES := 3 4 5
 ANYORDER_TABLES := 8 9 10
 
+# The tiny models' offline runs read the benchmark files of ../shared/data (DATA_DIR=DIR to
+# change); MBPP+ is not among them, so those runs use MBPP's original test split
+# (task.variant=original). Runs of the paper's models load through datasets unless DATA_DIR is set.
+OFFLINE := $(filter tiny tiny-set,$(MODEL))
+DATA_DIR ?= $(if $(OFFLINE),$(wildcard ../shared/data))
+
 # Empty MODEL / LIMIT are not passed, so the presets' own models and question sets apply.
 repro_model = $(strip $(if $(filter $(1),$(ANYORDER_TABLES)),$(if $(filter tiny,$(MODEL)),tiny-set,$(MODEL)),$(MODEL)))
-repro_overrides = $(if $(call repro_model,$(1)),model=$(call repro_model,$(1))) $(if $(strip $(LIMIT)),limit=$(strip $(LIMIT)))
+repro_overrides = $(if $(call repro_model,$(1)),model=$(call repro_model,$(1))) $(if $(strip $(LIMIT)),limit=$(strip $(LIMIT))) \
+	$(if $(strip $(DATA_DIR)),data_dir=$(abspath $(DATA_DIR))) $(if $(OFFLINE),task.variant=original)
 
 # The runs behind each figure: Figure 3 greedy (Nemotron table 6, SetDLM table 9 with native),
 # Figure 4 temperature 1 (table 7), Figure 5 timing on GSM8K and MATH-500 (table 6).

@@ -77,8 +77,11 @@ def load_model(model_cfg, path: Path, device, dtype):
         if not lora_path.is_absolute():
             lora_path = path / lora_path if (path / lora_path).exists() else PROJECT_ROOT / lora_path
         attach_proposal_lora(adapter, lora_path)
+    from packedss.models.checkpoint import quiet_transformers
+
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        with quiet_transformers():
+            tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as err:
         raise PackedSSError(f"model {model_cfg.name}: cannot load the tokenizer from {path} ({err})") from None
     return adapter, tokenizer

@@ -122,6 +122,21 @@ def load_module_state(module: torch.nn.Module, tensors: dict, what: str) -> None
 
 
 @contextlib.contextmanager
+def quiet_transformers():
+    """Silence transformers' load-time warnings that do not apply here: the checkpoints' own
+    model_type is not a transformers class, and Ministral3's attention scaling needs rope keys
+    that the default RoPE type does not list."""
+    from transformers.utils import logging
+
+    previous = logging.get_verbosity()
+    logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        logging.set_verbosity(previous)
+
+
+@contextlib.contextmanager
 def default_dtype(dtype: torch.dtype):
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)

@@ -17,6 +17,7 @@ from packedss.models.checkpoint import (
     default_dtype,
     load_module_state,
     load_tensors,
+    quiet_transformers,
     read_config,
     require_keys,
     resolve_dtype,
@@ -57,7 +58,7 @@ def load_nemotron(path: str | Path, device: str | torch.device = "cpu", dtype="f
     require_keys({**text, **config}, REQUIRED_KEYS, f"{what}: config.json")
     torch_dtype = resolve_dtype(dtype)
     device = torch.device(device)
-    with torch.device(device), default_dtype(torch_dtype):
+    with torch.device(device), default_dtype(torch_dtype), quiet_transformers():
         network = _Network(backbone_config(config))
     tensors = load_tensors(path, what, _rename, device, torch_dtype)
     if "head.weight" not in tensors and text.get("tie_word_embeddings"):
