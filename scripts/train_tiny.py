@@ -33,9 +33,28 @@ run early; the model card records the steps actually run). Checkpoints are writt
     python scripts/train_tiny.py                       # tiny -> assets/models/tiny
     python scripts/train_tiny.py --lora                # tiny-lora -> assets/models/tiny-lora
 
-`tiny-set` (SetDLM layout, Qwen3 backbone, set objective) is NOT trained here yet: it needs
-the any-order SetDLM adapter, which is being built separately; add a `--set` mode once
-`packedss.models` can load that layout.
+    python scripts/train_tiny.py --family setdlm       # tiny-set -> assets/models/tiny-set
+
+`--family setdlm` trains `tiny-set`: the released SetDLM layout (a transformers Qwen3Model
+backbone + an untied LM head, saved with `packedss.models.setdlm.save_setdlm`) with the set
+objective, on the same corpus, tokenizer (same function, same seed: identical to tiny's),
+sampler and optimizer. A set model predicts only from MASK rows; one forward pass per sequence
+holds (see `set_layout`):
+
+  * the prompt as clean rows (causal);
+  * the answer's clean rows in a decoding order sigma: clean row of rank r sees the prompt and
+    the answer's clean rows of rank <= r (rows are placed in sigma order, so this is causal);
+  * mask rows at answer positions i, each seeing the prompt, the clean rows of rank < c, and
+    itself: a query row per position (c = rank of i: the verifier / AR query) and a draft row
+    per position (c = the start of i's block in a random partition of sigma into blocks of
+    1..16 ranks: the drafts of Linear-/Packed-/Quadratic-SS and native, which see only R);
+
+loss = cross-entropy of the mask rows predicting their own position's token, with the mask
+token's logit at -inf (SetDLM._forward). This is exactly what `set_call` feeds the model.
+Orders: identity (order=ltr and AR), block-local permutations of W in {8, 16} consecutive
+positions (the confidence order's blocks), and full random permutations (native, any order).
+A run the wall-clock cap stopped after K steps is reproduced without the clock by
+`--steps N --stop-after K` (the first K steps of the N-step schedule).
 """
 
 from __future__ import annotations
@@ -326,14 +345,15 @@ def make_config(args, vocab: int, ids: dict):
     return config
 
 
-def save_checkpoint(out_dir: Path, backbone, head, tok, extra: dict) -> None:
-    """Write the checkpoint next to out_dir and swap it in (a crash never leaves half a model)."""
+def save_checkpoint(out_dir: Path, backbone, head, tok, extra: dict, writer=None) -> None:
+    """Write the checkpoint next to out_dir and swap it in (a crash never leaves half a model).
+    `writer(tmp_dir, backbone, head, extra)` writes the weights (default: the Nemotron layout)."""
     from packedss.models.nemotron import save_nemotron
 
     tmp = out_dir.with_name(out_dir.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    save_nemotron(tmp, backbone, head, extra)
+    (writer or save_nemotron)(tmp, backbone, head, extra)
     tok.save_pretrained(str(tmp))
     card = out_dir / "README.md"
     if card.exists():
@@ -492,6 +512,219 @@ def train_base(args) -> None:
     print(f"[done] saved {out_dir} after {steps_run} steps in {(time.time() - started) / 60:.1f} min", flush=True)
 
 
+# --------------------------------------------------------------------------- set (SetDLM) training
+
+
+def set_order(length: int, rng: random.Random, ltr: float, local: float) -> list[int]:
+    """A decoding order sigma of `length` answer positions (sigma[r] = the position of rank r):
+    identity (share `ltr`), random within consecutive blocks of W in {8, 16} positions taken left
+    to right (share `local`: the confidence order's blocks), else a uniform permutation."""
+    sigma = list(range(length))
+    u = rng.random()
+    if u < ltr:
+        return sigma
+    if u < ltr + local:
+        width = 8 if rng.random() < 0.7 else 16
+        for start in range(0, length, width):
+            part = sigma[start : start + width]
+            rng.shuffle(part)
+            sigma[start : start + width] = part
+        return sigma
+    rng.shuffle(sigma)
+    return sigma
+
+
+def set_layout(ids: list[int], start: int, rng: random.Random, mask_id: int, eos_id: int, args):
+    """Rows of one set-objective training sequence, in `collate`'s format (tokens, positions,
+    AR targets (none), mask-row targets, visible clean prefix per row, block id per row, number
+    of clean rows). Columns: the prompt (P clean rows, causal), the answer's clean rows in sigma
+    order (rank r at column P + r, so "sees ranks <= r" is causal), then the mask rows: each sees
+    the clean columns < P + c (c = its level) and itself (a block of its own)."""
+    prompt = max(start, 1)  # code chunks: the first token plays the prompt
+    answer = list(ids[prompt:])
+    if answer and answer[-1] == eos_id and args.set_eos_tail:
+        answer += [eos_id] * rng.randint(0, args.set_eos_tail)  # the positions after EOS hold EOS
+    length = len(answer)
+    sigma = set_order(length, rng, args.set_ltr, args.set_local)
+    rank = [0] * length
+    for r, a in enumerate(sigma):
+        rank[a] = r
+    clean = prompt + length
+    tokens = list(ids[:prompt]) + [answer[a] for a in sigma]
+    positions = list(range(prompt)) + [prompt + a for a in sigma]
+    sees = list(range(1, clean + 1))
+    block_of = [-1] * clean
+    # Draft levels: sigma cut into blocks of random width; a draft row sees the ranks before its block.
+    # Half the time a first block of 0..15 ranks (a random phase), so blocks also start mid-answer.
+    level = [0] * length
+    first = min(rng.randint(0, 15) if rng.random() < 0.5 else 0, length)
+    while first < length:
+        width = sample_width(rng)
+        for k in range(first, min(length, first + width)):
+            level[k] = first
+        first += width
+    block = 0
+    for a in range(length):
+        for c in (rank[a], level[rank[a]]):
+            tokens.append(mask_id)
+            positions.append(prompt + a)
+            sees.append(prompt + c)
+            block_of.append(block)
+            block += 1
+    targets = [IGNORE] * clean + [answer[a] for a in range(length) for _ in range(2)]
+    return tokens, positions, [IGNORE] * len(tokens), targets, sees, block_of, clean
+
+
+def make_qwen3_config(args, vocab: int, ids: dict):
+    from transformers import Qwen3Config
+
+    config = Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=args.hidden,
+        intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.kv_heads,
+        head_dim=args.hidden // args.heads,
+        max_position_embeddings=4096,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        pad_token_id=ids["pad"],
+        bos_token_id=ids["eos"],
+        eos_token_id=ids["eos"],
+        initializer_range=0.02,
+    )
+    config._attn_implementation = "sdpa"
+    return config
+
+
+SET_BASE = "none: trained from scratch by scripts/train_tiny.py --family setdlm"
+
+
+def setdlm_writer(ids: dict, smax: int):
+    """save_checkpoint's writer for the SetDLM layout; the training record goes into config.json
+    next to the release's fields (the loader ignores it)."""
+    from packedss.models.setdlm import save_setdlm
+
+    def write(directory: Path, backbone, head, extra: dict) -> None:
+        save_setdlm(directory, backbone, head, mask_token_id=ids["mask"], eos_token_id=ids["eos"], smax=smax, base=SET_BASE)
+        config_path = Path(directory) / "config.json"
+        config = json.loads(config_path.read_text())
+        # No custom code ships here: without the release's auto_map, AutoTokenizer loads the
+        # directory offline without asking whether to trust (nonexistent) remote code.
+        config.pop("auto_map", None)
+        config.update(extra)
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+    return write
+
+
+def train_set(args) -> None:
+    """tiny-set: the SetDLM layout trained with the set objective (module docstring)."""
+    import tempfile
+
+    from transformers import Qwen3Model
+
+    out_dir = Path(args.out or REPO / "assets/models/tiny-set")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    data = corpus(args)
+    with tempfile.TemporaryDirectory() as tok_tmp:  # the same tokenizer as tiny's (same function, corpus, seed)
+        tok = train_tokenizer(data, args.vocab, Path(tok_tmp))
+    ids = {"eos": tok.convert_tokens_to_ids(EOS), "mask": tok.convert_tokens_to_ids(MASK), "pad": tok.convert_tokens_to_ids(PAD)}
+    examples = encode_examples(tok, data, args.max_len)
+    lengths = [len(x[0]) for x in examples["arith"]]
+    print(
+        f"[data] vocab {len(tok)} ids {ids}; examples " + ", ".join(f"{k} {len(v)}" for k, v in examples.items())
+        + f"; arith tokens mean {sum(lengths) / max(1, len(lengths)):.1f} max {max(lengths, default=0)}",
+        flush=True,
+    )
+    seed_all(args.seed)
+    config = make_qwen3_config(args, len(tok), ids)
+    backbone = Qwen3Model(config)
+    head = torch.nn.Linear(args.hidden, len(tok), bias=False)
+    torch.nn.init.normal_(head.weight, std=0.02)
+    params = sum(p.numel() for p in backbone.parameters()) + head.weight.numel()
+    print(f"[model] Qwen3 backbone + LM head: {params / 1e6:.2f}M parameters", flush=True)
+    extra = {
+        "packedss_training": {
+            "script": "scripts/train_tiny.py --family setdlm",
+            "objective": "set: CE of mask rows (query + block-draft level per answer position), mask logit -inf",
+            "seed": args.seed,
+            "steps_planned": args.steps,
+            "batch": args.batch,
+            "lr": args.lr,
+            "orders": {"ltr": args.set_ltr, "block_local": args.set_local, "random": round(1 - args.set_ltr - args.set_local, 4)},
+            "eos_tail": args.set_eos_tail,
+            "mix": dict(zip(("arith", "gsm8k", "code"), (args.mix_arith, args.mix_gsm8k, args.mix_code))),
+            "arith_template": data["template"],
+        }
+    }
+    writer = setdlm_writer(ids, args.smax)
+    params_list = list(backbone.parameters()) + list(head.parameters())
+    decay = [p for p in params_list if p.dim() >= 2]
+    no_decay = [p for p in params_list if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr, betas=(0.9, 0.98), eps=1e-8,
+    )
+    sampler = Sampler(examples, {"arith": args.mix_arith, "gsm8k": args.mix_gsm8k, "code": args.mix_code}, args.seed)
+    layout_rng = random.Random(args.seed + 1)
+    backbone.train()
+    head.train()
+    t0 = time.time()
+    ema = None
+    steps_run = 0
+    for step in range(args.steps):
+        if args.max_minutes and time.time() - started > args.max_minutes * 60:
+            print(f"[train] wall-clock cap reached after {step} steps", flush=True)
+            break
+        if args.stop_after and step >= args.stop_after:
+            print(f"[train] --stop-after: stopping after {step} of {args.steps} steps", flush=True)
+            break
+        batch = [set_layout(ids_, start, layout_rng, ids["mask"], ids["eos"], args) for ids_, start in sampler.draw(args.batch)]
+        tokens, positions, mask, _, targets, _ = collate(batch, ids["pad"])
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
+        hidden = backbone(input_ids=tokens, position_ids=positions, attention_mask=mask, use_cache=False).last_hidden_state
+        read = targets != IGNORE  # mask rows only: a set model predicts from nothing else
+        logits = head(hidden[read])
+        logits[:, ids["mask"]] = float("-inf")  # as SetDLM._forward and SetDLMAdapter.run
+        losses = F.cross_entropy(logits, targets[read], reduction="none")
+        # rows alternate query, draft per answer position (set_layout)
+        kind = torch.cat([torch.arange(int(n)) % 2 for n in read.sum(dim=1)])
+        query_loss = losses[kind == 0].mean()
+        draft_loss = losses[kind == 1].mean()
+        loss = losses.mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params_list, 1.0)
+        opt.step()
+        steps_run = step + 1
+        values = torch.stack([query_loss.detach(), draft_loss.detach()])
+        ema = values if ema is None else 0.95 * ema + 0.05 * values
+        if step % args.log_every == 0 or step == args.steps - 1:
+            rate = (time.time() - t0) / (step + 1)
+            print(
+                f"[train] step {step} query {ema[0]:.3f} draft {ema[1]:.3f} lr {opt.param_groups[0]['lr']:.2e} "
+                f"rows {tokens.shape[1]} {rate:.2f}s/step elapsed {(time.time() - started) / 60:.1f}min",
+                flush=True,
+            )
+        if args.save_every and (step + 1) % args.save_every == 0:
+            extra["packedss_training"].update(steps_run=step + 1, train_minutes=round((time.time() - started) / 60, 1))
+            save_checkpoint(out_dir, backbone, head, tok, extra, writer)
+    extra["packedss_training"].update(
+        steps_run=steps_run,
+        train_minutes=round((time.time() - started) / 60, 1),
+        final_query_loss=round(float(ema[0]), 4) if ema is not None else None,
+        final_draft_loss=round(float(ema[1]), 4) if ema is not None else None,
+        parameters=params,
+    )
+    save_checkpoint(out_dir, backbone, head, tok, extra, writer)
+    print(f"[done] saved {out_dir} after {steps_run} steps in {(time.time() - started) / 60:.1f} min", flush=True)
+
+
 # --------------------------------------------------------------------------- LoRA training
 
 
@@ -582,7 +815,11 @@ def train_lora(args) -> None:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--lora", action="store_true", help="train the proposal LoRA on top of --base")
-    ap.add_argument("--out", default=None, help="output directory (default assets/models/tiny or tiny-lora)")
+    ap.add_argument(
+        "--family", choices=("nemotron", "setdlm"), default="nemotron",
+        help="nemotron: tiny (dual-mode, Nemotron layout); setdlm: tiny-set (SetDLM layout, set objective)",
+    )
+    ap.add_argument("--out", default=None, help="output directory (default assets/models/tiny, tiny-lora or tiny-set)")
     ap.add_argument("--base", default=None, help="--lora: the base checkpoint (default assets/models/tiny)")
     ap.add_argument("--init-from", default=None, help="continue training this checkpoint instead of a fresh model")
     ap.add_argument("--seed", type=int, default=0)
@@ -597,7 +834,7 @@ def main(argv=None) -> None:
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--kv-heads", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=3800)
+    ap.add_argument("--steps", type=int, default=None, help="default 3800 (nemotron), 2800 (setdlm)")
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--warmup", type=int, default=60)
@@ -611,6 +848,15 @@ def main(argv=None) -> None:
     ap.add_argument("--max-minutes", type=float, default=43.0, help="wall-clock cap for the whole run (0: none)")
     ap.add_argument("--save-every", type=int, default=200)
     ap.add_argument("--log-every", type=int, default=25)
+    ap.add_argument("--smax", type=int, default=16, help="--family setdlm: the model's max block size (W <= smax)")
+    ap.add_argument("--set-ltr", type=float, default=0.6, help="--family setdlm: share of left-to-right orders")
+    ap.add_argument("--set-local", type=float, default=0.2, help="--family setdlm: share of block-local permutations")
+    ap.add_argument(
+        "--stop-after", type=int, default=0,
+        help="--family setdlm: stop after this many steps of the --steps schedule (0: run it all); "
+        "reproduces a run the wall-clock cap stopped, without the clock",
+    )
+    ap.add_argument("--set-eos-tail", type=int, default=8, help="--family setdlm: up to this many EOS after the answer")
     ap.add_argument("--lora-steps", type=int, default=400)
     ap.add_argument("--lora-lr", type=float, default=2e-3)
     ap.add_argument("--lora-rank", type=int, default=8)
@@ -623,10 +869,14 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     if args.data_dir and not Path(args.data_dir).is_dir():
         args.data_dir = None
+    if args.steps is None:
+        args.steps = 2800 if args.family == "setdlm" else 3800
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True, warn_only=True)
     if args.lora:
         train_lora(args)
+    elif args.family == "setdlm":
+        train_set(args)
     else:
         train_base(args)
 
