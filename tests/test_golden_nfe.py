@@ -23,33 +23,54 @@ GOLDEN = Path(__file__).resolve().parent / "golden" / "nfe_tiny.json"
 WIDTHS = (4, 8, 16)
 QUESTIONS = 4
 MAX_NEW_TOKENS = 96
-MODELS = {"tiny": ("nemotron", ("ar", "linear", "quadratic", "packed"))}
+MODELS = {
+    "tiny": ("nemotron", ("ar", "linear", "quadratic", "packed")),
+    "tiny-set": ("setdlm", ("ar", "linear", "quadratic", "packed", "native")),
+}
 
 
 def _model_dir(name: str) -> Path:
     return PROJECT_ROOT / "assets" / "models" / name
 
 
+def _decoder(family: str, model):
+    """(schedule, width) -> decode(prompt ids, stop check) for the model's family (greedy)."""
+    from packedss.decoding.anyorder import AnyOrderSettings, decode_anyorder
+
+    greedy = Sampling(0.0, "rejection", None)
+
+    def run(schedule, width, ids, stop_check):
+        if family == "setdlm":
+            settings = AnyOrderSettings(schedule, width, MAX_NEW_TOKENS, model.eos_token_ids, greedy, order="ltr")
+            return decode_anyorder(model, ids, settings, stop_check)
+        settings = DecodeSettings(schedule, width, MAX_NEW_TOKENS, model.eos_token_ids, greedy)
+        return decode(model, ids, settings, stop_check)
+
+    return run
+
+
 def measure() -> dict:
     from transformers import AutoTokenizer
 
     from packedss.models.nemotron import load_nemotron
+    from packedss.models.setdlm import load_setdlm
 
     torch.set_num_threads(1)
     task = load_task(load_task_config("arith"))
     results = {}
-    for name, (_family, schedules) in MODELS.items():
+    for name, (family, schedules) in MODELS.items():
         path = _model_dir(name)
-        model = load_nemotron(path, dtype="float64")
+        if not (path / "config.json").is_file():
+            continue
+        model = (load_setdlm if family == "setdlm" else load_nemotron)(path, dtype="float64")
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         stop_check = make_stop_check(tokenizer, task.stop)
         prompts = {q.question_id: tokenizer(task.build_prompt(q))["input_ids"] for q in task.questions(QUESTIONS)}
+        run = _decoder(family, model)
         for schedule in schedules:
             for width in (1,) if schedule == "ar" else WIDTHS:
-                settings = DecodeSettings(schedule, width, MAX_NEW_TOKENS, model.eos_token_ids,
-                                          Sampling(0.0, "rejection", None))  # fmt: skip
                 for question_id, ids in prompts.items():
-                    out = decode(model, ids, settings, stop_check)
+                    out = run(schedule, width, ids, stop_check)
                     results[f"{name} {schedule} W={width} {question_id}"] = {
                         "nfe_total": out.nfe_total,
                         "output_hash": output_hash(out.tokens),
