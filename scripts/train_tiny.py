@@ -389,6 +389,59 @@ def seed_all(seed: int) -> None:
 # --------------------------------------------------------------------------- base training
 
 
+def make_sampler(examples, args) -> "Sampler":
+    return Sampler(examples, {"arith": args.mix_arith, "gsm8k": args.mix_gsm8k, "code": args.mix_code}, args.seed)
+
+
+def train_steps(args, started, backbone, head, losses, names, save, extra):
+    """The training loop both families share: learning-rate schedule, AdamW (no decay on
+    vectors), gradient clipping at 1.0, a moving average of two losses for the log, periodic
+    checkpoints, and the wall-clock / --stop-after caps. `losses()` builds one batch and
+    returns (loss to minimize, (two losses to log), rows per sequence). Returns the number of
+    steps run and the final moving averages."""
+    params_list = list(backbone.parameters()) + list(head.parameters())
+    decay = [p for p in params_list if p.dim() >= 2]
+    no_decay = [p for p in params_list if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=args.lr, betas=(0.9, 0.98), eps=1e-8,
+    )  # fmt: skip
+    backbone.train()
+    head.train()
+    t0 = time.time()
+    ema = None
+    steps_run = 0
+    for step in range(args.steps):
+        if args.max_minutes and time.time() - started > args.max_minutes * 60:
+            print(f"[train] wall-clock cap reached after {step} steps", flush=True)
+            break
+        if args.stop_after and step >= args.stop_after:
+            print(f"[train] --stop-after: stopping after {step} of {args.steps} steps", flush=True)
+            break
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
+        loss, logged, rows = losses()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params_list, 1.0)
+        opt.step()
+        steps_run = step + 1
+        values = torch.stack([value.detach() for value in logged])
+        ema = values if ema is None else 0.95 * ema + 0.05 * values
+        if step % args.log_every == 0 or step == args.steps - 1:
+            rate = (time.time() - t0) / (step + 1)
+            print(
+                f"[train] step {step} {names[0]} {ema[0]:.3f} {names[1]} {ema[1]:.3f} "
+                f"lr {opt.param_groups[0]['lr']:.2e} rows {rows} {rate:.2f}s/step "
+                f"elapsed {(time.time() - started) / 60:.1f}min",
+                flush=True,
+            )
+        if args.save_every and (step + 1) % args.save_every == 0:
+            extra["packedss_training"].update(steps_run=step + 1, train_minutes=round((time.time() - started) / 60, 1))
+            save()
+    return steps_run, ema
+
+
 def train_base(args) -> None:
     from transformers import Ministral3Model
 
@@ -446,60 +499,30 @@ def train_base(args) -> None:
     }
     if previous:
         extra["packedss_training"]["continued_from"] = previous
-    params_list = list(backbone.parameters()) + list(head.parameters())
-    decay = [p for p in params_list if p.dim() >= 2]
-    no_decay = [p for p in params_list if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.98), eps=1e-8,
-    )
-    sampler = Sampler(examples, {"arith": args.mix_arith, "gsm8k": args.mix_gsm8k, "code": args.mix_code}, args.seed)
     layout_rng = random.Random(args.seed + 1)
-    backbone.train()
-    head.train()
-    t0 = time.time()
-    ema = None
-    step = 0
-    for step in range(args.steps):
-        if args.max_minutes and time.time() - started > args.max_minutes * 60:
-            print(f"[train] wall-clock cap reached after {step} steps", flush=True)
-            break
+
+    def losses():
         batch = [
             layout(ids_, start, layout_rng, ids["mask"], args.draft_ratio, args.mask_blocks)
             for ids_, start in sampler.draw(args.batch)
         ]
         tokens, positions, mask, ar_t, df_t, _ = collate(batch, ids["pad"])
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
         hidden = backbone(input_ids=tokens, position_ids=positions, attention_mask=mask, use_cache=False).last_hidden_state
         is_ar = ar_t != IGNORE
         read = is_ar | (df_t != IGNORE)  # the head runs on rows with a target only
         logits = head(hidden[read])
         target = torch.where(is_ar, ar_t, df_t)[read]
-        losses = F.cross_entropy(logits, target, reduction="none")
+        per_row = F.cross_entropy(logits, target, reduction="none")
         ar_rows = is_ar[read]
-        ar_loss = losses[ar_rows].mean()
-        df_loss = losses[~ar_rows].mean()
-        loss = ar_loss + args.diff_weight * df_loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params_list, 1.0)
-        opt.step()
-        values = torch.stack([ar_loss.detach(), df_loss.detach()])
-        ema = values if ema is None else 0.95 * ema + 0.05 * values
-        if step % args.log_every == 0 or step == args.steps - 1:
-            rate = (time.time() - t0) / (step + 1)
-            print(
-                f"[train] step {step} ar {ema[0]:.3f} diff {ema[1]:.3f} lr {opt.param_groups[0]['lr']:.2e} "
-                f"rows {tokens.shape[1]} {rate:.2f}s/step elapsed {(time.time() - started) / 60:.1f}min",
-                flush=True,
-            )
-        if args.save_every and (step + 1) % args.save_every == 0:
-            extra["packedss_training"].update(steps_run=step + 1, train_minutes=round((time.time() - started) / 60, 1))
-            save_checkpoint(out_dir, backbone, head, tok, extra)
-    steps_run = step + 1 if args.steps else 0
-    if args.max_minutes and time.time() - started > args.max_minutes * 60 and step < args.steps - 1:
-        steps_run = step
+        ar_loss = per_row[ar_rows].mean()
+        df_loss = per_row[~ar_rows].mean()
+        return ar_loss + args.diff_weight * df_loss, (ar_loss, df_loss), tokens.shape[1]
+
+    sampler = make_sampler(examples, args)
+    steps_run, ema = train_steps(
+        args, started, backbone, head, losses, ("ar", "diff"),
+        lambda: save_checkpoint(out_dir, backbone, head, tok, extra), extra,
+    )  # fmt: skip
     extra["packedss_training"].update(
         steps_run=steps_run,
         train_minutes=round((time.time() - started) / 60, 1),
@@ -662,58 +685,25 @@ def train_set(args) -> None:
         }
     }
     writer = setdlm_writer(ids, args.smax)
-    params_list = list(backbone.parameters()) + list(head.parameters())
-    decay = [p for p in params_list if p.dim() >= 2]
-    no_decay = [p for p in params_list if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.98), eps=1e-8,
-    )
-    sampler = Sampler(examples, {"arith": args.mix_arith, "gsm8k": args.mix_gsm8k, "code": args.mix_code}, args.seed)
     layout_rng = random.Random(args.seed + 1)
-    backbone.train()
-    head.train()
-    t0 = time.time()
-    ema = None
-    steps_run = 0
-    for step in range(args.steps):
-        if args.max_minutes and time.time() - started > args.max_minutes * 60:
-            print(f"[train] wall-clock cap reached after {step} steps", flush=True)
-            break
-        if args.stop_after and step >= args.stop_after:
-            print(f"[train] --stop-after: stopping after {step} of {args.steps} steps", flush=True)
-            break
+
+    def losses():
         batch = [set_layout(ids_, start, layout_rng, ids["mask"], ids["eos"], args) for ids_, start in sampler.draw(args.batch)]
         tokens, positions, mask, _, targets, _ = collate(batch, ids["pad"])
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step, args.steps, args.lr, args.warmup)
         hidden = backbone(input_ids=tokens, position_ids=positions, attention_mask=mask, use_cache=False).last_hidden_state
         read = targets != IGNORE  # mask rows only: a set model predicts from nothing else
         logits = head(hidden[read])
         logits[:, ids["mask"]] = float("-inf")  # as SetDLM._forward and SetDLMAdapter.run
-        losses = F.cross_entropy(logits, targets[read], reduction="none")
+        per_row = F.cross_entropy(logits, targets[read], reduction="none")
         # rows alternate query, draft per answer position (set_layout)
         kind = torch.cat([torch.arange(int(n)) % 2 for n in read.sum(dim=1)])
-        query_loss = losses[kind == 0].mean()
-        draft_loss = losses[kind == 1].mean()
-        loss = losses.mean()
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params_list, 1.0)
-        opt.step()
-        steps_run = step + 1
-        values = torch.stack([query_loss.detach(), draft_loss.detach()])
-        ema = values if ema is None else 0.95 * ema + 0.05 * values
-        if step % args.log_every == 0 or step == args.steps - 1:
-            rate = (time.time() - t0) / (step + 1)
-            print(
-                f"[train] step {step} query {ema[0]:.3f} draft {ema[1]:.3f} lr {opt.param_groups[0]['lr']:.2e} "
-                f"rows {tokens.shape[1]} {rate:.2f}s/step elapsed {(time.time() - started) / 60:.1f}min",
-                flush=True,
-            )
-        if args.save_every and (step + 1) % args.save_every == 0:
-            extra["packedss_training"].update(steps_run=step + 1, train_minutes=round((time.time() - started) / 60, 1))
-            save_checkpoint(out_dir, backbone, head, tok, extra, writer)
+        return per_row.mean(), (per_row[kind == 0].mean(), per_row[kind == 1].mean()), tokens.shape[1]
+
+    sampler = make_sampler(examples, args)
+    steps_run, ema = train_steps(
+        args, started, backbone, head, losses, ("query", "draft"),
+        lambda: save_checkpoint(out_dir, backbone, head, tok, extra, writer), extra,
+    )  # fmt: skip
     extra["packedss_training"].update(
         steps_run=steps_run,
         train_minutes=round((time.time() - started) / 60, 1),

@@ -2,7 +2,7 @@
 
 import pytest
 
-from packedss.tasks import Question, load_task, load_task_config
+from packedss.tasks import Question, load_task_config
 from packedss.tasks.answers import extract_number, gold_number, grade_math, grade_numeric
 
 

@@ -2,8 +2,6 @@
 canary outside the sandbox stays intact."""
 
 import os
-import signal
-import sys
 import time
 from pathlib import Path
 
