@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import torch
 from scipy.stats import chisquare
 
 LEVEL = 1e-3  # reject "same distribution" below this p-value
@@ -21,3 +22,10 @@ def chi_square_p(samples: list[tuple[int, ...]], probs: dict) -> float:
     observed, expected = np.array(observed, float), np.array(expected, float)
     expected *= observed.sum() / expected.sum()
     return float(chisquare(observed, expected).pvalue)
+
+
+def accept_every_draft(verifier_logits, drafts, draft_probs, sampling):
+    """A deliberately broken verifier (the negative control): accepts every draft, then samples a
+    bonus from the last verifier row. Monkeypatched over `verify`, it must fail the chi-square test."""
+    bonus = torch.multinomial(torch.softmax(verifier_logits[-1], -1), 1, generator=sampling.generator)
+    return drafts.tolist() + bonus.tolist()

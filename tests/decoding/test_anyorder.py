@@ -12,7 +12,7 @@ from packedss.decoding import anyorder as anyorder_module
 from packedss.decoding.anyorder import AnyOrderSettings, decode_anyorder
 from packedss.decoding.verify import Sampling
 from packedss.models.setdlm import load_setdlm
-from tests.chi_square import LEVEL, chi_square_p
+from tests.chi_square import LEVEL, accept_every_draft, chi_square_p
 from tests.anyorder_fixtures import SET_EOS, ToySetModel, plain_ar, plain_confidence, write_random_setdlm
 
 GREEDY = Sampling(0.0, "rejection", None)
@@ -257,14 +257,9 @@ def test_sampled_ltr_schedules_preserve_the_ar_distribution(exact, schedule, rul
     assert chi_square_p(sample_many(schedule, rule), exact) > LEVEL
 
 
-def _accept_every_draft(verifier_logits, drafts, draft_probs, sampling):
-    bonus = torch.multinomial(torch.softmax(verifier_logits[-1], -1), 1, generator=sampling.generator)
-    return drafts.tolist() + bonus.tolist()
-
-
 @pytest.mark.parametrize("schedule", ["linear", "packed"])
 def test_broken_verifier_fails_the_same_test(exact, schedule, monkeypatch):
-    monkeypatch.setattr(anyorder_module, "verify", _accept_every_draft)
+    monkeypatch.setattr(anyorder_module, "verify", accept_every_draft)
     assert chi_square_p(sample_many(schedule, "rejection"), exact) < LEVEL
 
 

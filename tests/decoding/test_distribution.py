@@ -11,7 +11,7 @@ import torch
 
 from packedss.decoding import DecodeSettings, Sampling, decode
 from packedss.decoding import schedules as schedules_module
-from tests.chi_square import LEVEL, chi_square_p
+from tests.chi_square import LEVEL, accept_every_draft, chi_square_p
 from tests.toy_ltr import ToyLTRModel
 
 PROMPT = [1, 4, 6]
@@ -52,14 +52,9 @@ def test_sampled_schedules_preserve_the_ar_distribution(exact, schedule, rule):
     assert chi_square_p(sample_many(schedule, rule), exact) > LEVEL
 
 
-def _accept_every_draft(verifier_logits, drafts, draft_probs, sampling):
-    bonus = torch.multinomial(torch.softmax(verifier_logits[-1], -1), 1, generator=sampling.generator)
-    return drafts.tolist() + bonus.tolist()
-
-
 @pytest.mark.parametrize("schedule", ["linear", "packed"])
 def test_broken_verifier_fails_the_same_test(exact, schedule, monkeypatch):
-    monkeypatch.setattr(schedules_module, "verify", _accept_every_draft)
+    monkeypatch.setattr(schedules_module, "verify", accept_every_draft)
     assert chi_square_p(sample_many(schedule, "rejection"), exact) < LEVEL
 
 
