@@ -53,7 +53,8 @@ from packedss.decoding.schedules import LTR_SCHEDULES  # noqa: E402
 from packedss.decoding.trace import TIMINGS  # noqa: E402
 from packedss.models.checkpoint import read_config, resolve_dtype  # noqa: E402
 from packedss.records import output_hash  # noqa: E402
-from packedss.runner import make_stop_check, output_text, question_seed  # noqa: E402
+from packedss.decoding.verify import question_seed  # noqa: E402
+from packedss.tasks.stops import make_stop_check, output_text  # noqa: E402
 from packedss.tasks import load_task, load_task_config  # noqa: E402
 
 

@@ -73,8 +73,6 @@ def run_schedule(adapter, tokenizer, task, questions, schedule, width, max_new_t
     lora = adapter.proposal_lora
     for q in questions:
         prompt_ids = tokenizer.encode(task.build_prompt(q), add_special_tokens=False)
-        if lora is not None:
-            lora.calls.clear()
         out = decode(adapter, prompt_ids, settings, stop_check=check)
         text = cut_at_stop(tokenizer.decode(out.tokens, skip_special_tokens=True), task.stop)
         grade = task.grade(q, text)
@@ -92,8 +90,8 @@ def run_schedule(adapter, tokenizer, task, questions, schedule, width, max_new_t
             "rows_evaluated": out.rows_evaluated,
         }
         if lora is not None:
-            item["lora_rows_selected"] = [s for s, _ in lora.calls]
-            item["lora_rows_evaluated"] = [e for _, e in lora.calls]
+            item["lora_rows_selected"] = out.extra["lora_rows_selected"]
+            item["lora_rows_evaluated"] = out.extra["lora_rows_evaluated"]
         results.append(item)
     return results
 

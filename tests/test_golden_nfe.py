@@ -16,7 +16,7 @@ import torch
 from packedss.config import PROJECT_ROOT
 from packedss.decoding import DecodeSettings, Sampling, decode
 from packedss.records import output_hash
-from packedss.runner import make_stop_check
+from packedss.tasks.stops import make_stop_check
 from packedss.tasks import load_task, load_task_config
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "nfe_tiny.json"

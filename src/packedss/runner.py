@@ -5,7 +5,6 @@ Everything that can be wrong with the input is checked before the record file is
 
 from __future__ import annotations
 
-import hashlib
 import platform
 import subprocess
 import sys
@@ -24,6 +23,8 @@ from packedss.decoding.anyorder import AnyOrderSettings, decode_anyorder
 from packedss.models import load_model, read_block_size, resolve_path
 from packedss.records import RecordWriter, config_hash, output_hash, record_path
 from packedss.tasks import load_task
+from packedss.tasks.stops import make_stop_check, output_text
+from packedss.decoding.verify import question_seed
 
 
 @dataclass
@@ -59,38 +60,6 @@ def resolve_dtype_name(name: str, device: torch.device) -> str:
     if name != "auto":
         return name
     return "bfloat16" if device.type == "cuda" else "float32"
-
-
-def make_stop_check(tokenizer, stops: list[str]):
-    """Token-level stop for stop strings: keep tokens up to the one that completes a stop string."""
-    if not stops:
-        return None
-    lookback = max(len(s) for s in stops) + 2
-    # The fast tokenizer's backend decode skips transformers' argument handling (most of the cost).
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    to_text = backend.decode if backend is not None else tokenizer.decode
-
-    def check(tokens, new):
-        start = max(0, len(tokens) - new - lookback)
-        if not any(s in to_text(tokens[start:]) for s in stops):
-            return None
-        for end in range(len(tokens) - new + 1, len(tokens) + 1):
-            if any(s in to_text(tokens[start:end]) for s in stops):
-                return end
-        return None
-
-    return check
-
-
-def output_text(tokenizer, tokens: list[int], stops: list[str]) -> str:
-    """Detokenized output without special tokens, cut before the first stop string."""
-    text = tokenizer.decode(tokens, skip_special_tokens=True)
-    cuts = [text.find(s) for s in stops if s in text]
-    return text[: min(cuts)] if cuts else text
-
-
-def question_seed(seed: int, question_id: str) -> int:
-    return int.from_bytes(hashlib.sha256(f"{seed}:{question_id}".encode()).digest()[:8], "little")
 
 
 def run_job(cfg) -> JobResult:
@@ -163,18 +132,12 @@ def run_job(cfg) -> JobResult:
         sampling = Sampling(temperature=cfg.temperature, rule=cfg.verify, generator=generator)
         common = dict(width=cfg.width, max_new_tokens=max_new_tokens, eos_token_ids=model.eos_token_ids,
                       sampling=sampling, timing=cfg.timing)  # fmt: skip
-        lora = model.proposal_lora
-        if lora is not None:
-            lora.calls.clear()
         if cfg.model.family == "setdlm":
             settings = AnyOrderSettings(schedule=cfg.schedule.name, order=cfg.order, **common)
             out = decode_anyorder(model, ids, settings, stop_check)
         else:
             settings = DecodeSettings(schedule=cfg.schedule.name, pad_verify=cfg.schedule.pad_verify, **common)
             out = decode(model, ids, settings, stop_check)
-        if lora is not None:  # rows that received adapter updates / rows they were computed for, per call
-            out.extra["lora_rows_selected"] = [selected for selected, _ in lora.calls]
-            out.extra["lora_rows_evaluated"] = [evaluated for _, evaluated in lora.calls]
         return out
 
     def prompt_ids(question) -> list[int]:

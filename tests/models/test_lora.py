@@ -74,14 +74,15 @@ def test_verify_rows_identical_draft_rows_differ(checkpoint, adapter_dir):
     model = load_nemotron(checkpoint, dtype="float64")
     call = _packed()
     plain = _run(model, call)
-    lora = attach_proposal_lora(model, adapter_dir)
+    attach_proposal_lora(model, adapter_dir)
     adapted = _run(model, call)
     verify = call.roles != int(Role.DRAFT)
     assert torch.equal(plain[verify], adapted[verify])  # bit-identical, not just close
     draft = call.roles == int(Role.DRAFT)
     assert not torch.allclose(plain[draft], adapted[draft])
-    # (selected, evaluated): the prefill call has no draft row -> nothing computed.
-    assert lora.calls == [(0, 0), (int(draft.sum()), call.rows)]
+    assert model.call_stats == {"lora_rows_selected": int(draft.sum()), "lora_rows_evaluated": call.rows}
+    _run(model, pack([causal_segment(torch.tensor([4, 9, 13]), 0)]))  # no draft row: nothing computed
+    assert model.call_stats == {"lora_rows_selected": 0, "lora_rows_evaluated": 0}
     detach_proposal_lora(model)
     assert model.proposal_lora is None
     assert torch.equal(_run(model, call), plain)
@@ -91,12 +92,12 @@ def test_row_counts_match_paper_table5_shapes(checkpoint, adapter_dir):
     """Linear: draft call all selected (B/B), verify call none; quadratic B*B of B(B+1);
     packed B of 2B."""
     model = load_nemotron(checkpoint, dtype="float64")
-    lora = attach_proposal_lora(model, adapter_dir)
+    attach_proposal_lora(model, adapter_dir)
     width, block = 4, 5
     _run(model, _packed(width))
-    assert lora.calls[-1] == (block, 2 * block)
+    assert model.call_stats == {"lora_rows_selected": block, "lora_rows_evaluated": 2 * block}
     _run(model, quadratic_call(torch.tensor(7), torch.tensor([8, 9, 10, 11]), 6, MASK_ID))
-    assert lora.calls[-1] == (block * block, block * (block + 1))
+    assert model.call_stats == {"lora_rows_selected": block * block, "lora_rows_evaluated": block * (block + 1)}
 
 
 def test_ar_logits_unchanged_by_lora(checkpoint, adapter_dir):
@@ -146,12 +147,13 @@ def test_lossless_schedules_stay_lossless(checkpoint, adapter_dir, schedule):
     prompt = [4, 5, 6, 7, 8]
     reference = decode(model, prompt, settings("ar")).tokens
     without = decode(model, prompt, settings(schedule))
-    lora = attach_proposal_lora(model, adapter_dir)
+    attach_proposal_lora(model, adapter_dir)
     with_lora = decode(model, prompt, settings(schedule))
     assert without.tokens == reference
     assert with_lora.tokens == reference
-    assert len(lora.calls) == with_lora.nfe_total
-    assert all(s <= e for s, e in lora.calls)
+    selected, evaluated = with_lora.extra["lora_rows_selected"], with_lora.extra["lora_rows_evaluated"]
+    assert len(selected) == len(evaluated) == with_lora.nfe_total
+    assert all(s <= e for s, e in zip(selected, evaluated))
 
 
 def test_rank_and_alpha_from_config_scale_the_delta(checkpoint, adapter_dir, tmp_path):

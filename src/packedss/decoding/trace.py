@@ -116,6 +116,7 @@ class Meter:
         self.rows_evaluated: list[int] = []
         self.rows_useful: list[int] = []
         self.call_model_s: list[float] = []
+        self.call_stats: dict[str, list[int]] = {}  # the model's own per-call statistics, by name
         device = getattr(model, "device", None)
         self.cuda = timing == "events" and device is not None and torch.device(device).type == "cuda"
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
@@ -130,11 +131,13 @@ class Meter:
             logits = self.model.run(call)
             end.record()
             self._events.append((start, end))
-            return logits
-        start = time.perf_counter()
-        logits = self.model.run(call)
-        self.model.synchronize()
-        self.call_model_s.append(time.perf_counter() - start)
+        else:
+            start = time.perf_counter()
+            logits = self.model.run(call)
+            self.model.synchronize()
+            self.call_model_s.append(time.perf_counter() - start)
+        for name, value in getattr(self.model, "call_stats", {}).items():
+            self.call_stats.setdefault(name, []).append(value)
         return logits
 
     def finish(
@@ -170,5 +173,5 @@ class Meter:
             model_s=model_s,
             nonmodel_s=wall_s - model_s,
             call_model_s=self.call_model_s,
-            extra=extra or {},
+            extra={**self.call_stats, **(extra or {})},
         )

@@ -9,6 +9,7 @@ Both sampling rules preserve the verifier's distribution p exactly.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import torch
@@ -117,3 +118,10 @@ def verify(
     out = torch.cat([h.view(1), drafts, last]).tolist()
     h_int = out[0]
     return Emitted(out[1 : 1 + h_int] + [out[-1]], last)
+
+
+def question_seed(seed: int, question_id: str, sample: int = 0) -> int:
+    """The seed of one response's generator: a hash of (run seed, question, sample index), so
+    every response draws the same random numbers whatever ran before it."""
+    key = f"{seed}:{question_id}" if sample == 0 else f"{seed}:{question_id}:{sample}"
+    return int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little")

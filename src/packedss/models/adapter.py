@@ -40,6 +40,8 @@ class BackboneAdapter:
         self.cache = DynamicCache(config=backbone.config)
         self.proposal_lora = None  # set by packedss.models.lora.attach_proposal_lora
         self._pending_rows: int | None = None
+        # Per-call statistics of the last call, read by the decoder's call meter (empty: none).
+        self.call_stats: dict[str, int] = {}
         # id(attend) -> its additive (R, R) form; an entry lives exactly as long as its attend
         # tensor (the decoder's per-shape layouts live for the process, a prefill's for one call).
         self._biases: dict[int, torch.Tensor] = {}
@@ -75,7 +77,8 @@ class BackboneAdapter:
         lora_rows = None
         if self.proposal_lora is not None:
             lora_rows = call.roles == int(Role.DRAFT)
-            self.proposal_lora.select(lora_rows)
+            selected, evaluated = self.proposal_lora.select(lora_rows)
+            self.call_stats = {"lora_rows_selected": selected, "lora_rows_evaluated": evaluated}
         try:
             out = self.backbone(
                 input_ids=call.tokens[None],

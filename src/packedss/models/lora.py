@@ -62,8 +62,6 @@ class ProposalLoRA(nn.Module):
         self.scales: dict[str, float] = {}
         self._hooks = []
         self._rows: Optional[torch.Tensor] = None
-        self.record = True
-        self.calls: list[tuple[int, int]] = []  # (selected, evaluated) per call seen by select()
         for name in self.module_names:
             module = modules.get(name)
             if not isinstance(module, nn.Linear):
@@ -107,16 +105,16 @@ class ProposalLoRA(nn.Module):
 
     # ----------------------------------------------------------------- row selection
 
-    def select(self, rows: Optional[torch.Tensor]) -> None:
+    def select(self, rows: Optional[torch.Tensor]) -> tuple[int, int]:
+        """Switch the adapter on for `rows` (None: off). Returns (selected, evaluated): the rows
+        that receive the update and the rows it is computed for (0, 0 when nothing is selected)."""
         if rows is None:
             self._rows = None
-            return
+            return 0, 0
         rows = rows.to(torch.bool)
         selected = int(rows.sum())
-        evaluated = int(rows.numel()) if selected else 0
-        if self.record:
-            self.calls.append((selected, evaluated))
         self._rows = rows if selected else None
+        return selected, int(rows.numel()) if selected else 0
 
     def _hook(self, key: str):
         def hook(module, inputs, output):
