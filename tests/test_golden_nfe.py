@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from packedss.config import PROJECT_ROOT
+from packedss.paths import PROJECT_ROOT
 from packedss.decoding import DecodeSettings, Sampling, decode
 from packedss.records import output_hash
 from packedss.tasks.stops import make_stop_check

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from packedss.config import CONF_DIR, PROJECT_ROOT, register_configs
+from packedss.config import register_configs
+from packedss.paths import CONF_DIR, PROJECT_ROOT
 from packedss.errors import PackedSSError
 from packedss.records import RECORD_FIELDS, read_records
 from packedss.runner import run_job

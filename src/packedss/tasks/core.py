@@ -11,15 +11,12 @@ import dataclasses
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 from packedss.errors import PackedSSError
+from packedss.paths import CONF_DIR
 
 TASK_NAMES: tuple[str, ...] = ("arith", "gsm8k", "math500", "mbpp", "humaneval", "writingbench")
-
-#: conf/ at the repository root (src/packedss/tasks/core.py -> parents[3]).
-CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 
 
 class DataUnavailable(PackedSSError):
