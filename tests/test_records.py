@@ -85,3 +85,25 @@ def test_two_writers_never_share_a_file(tmp_path):
     with RecordWriter(path) as writer:
         assert writer.done_keys("abc") == {("q1", 0)}
         assert writer.done_keys("other") == set()
+
+
+def test_append_fsyncs_the_file_after_every_record(tmp_path, monkeypatch):
+    import os
+
+    from packedss import records
+
+    synced = []
+    real_fsync = os.fsync
+
+    def counting_fsync(fd):
+        synced.append(os.fstat(fd).st_size)
+        real_fsync(fd)
+
+    monkeypatch.setattr(records.os, "fsync", counting_fsync)
+    path = tmp_path / "r.jsonl"
+    with RecordWriter(path) as writer:
+        for k in range(3):
+            writer.append(GOOD | {"question_id": f"q{k}"})
+            # the file already holds every appended byte when append returns
+            assert synced and synced[-1] == path.stat().st_size
+    assert len(synced) == 3

@@ -112,3 +112,16 @@ def test_writingbench_is_speed_only():
     g = grade_none(load_task_config("writingbench"), Question("writingbench/1", "q", None), "any text")
     assert g.correct is None and g.extracted_answer is None
     assert g.record_fields("none")["correct"] is None
+
+
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("so the total is \\boxed{1,234}. Then 5 more", ("1234", "boxed")),
+        ("#### 7\nand finally \\boxed{$12}", ("12", "boxed")),
+        ("\\boxed{x{y}} then #### 9", ("9", "marker")),  # a boxed answer without a number is skipped
+        ("the answer is 4 and \\boxed{5", ("5", "last_number")),  # unclosed box: last number
+    ],
+)
+def test_boxed_answer_first_then_marker_then_last_number(text, expected):
+    assert extract_number(text) == expected

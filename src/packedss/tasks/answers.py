@@ -33,13 +33,30 @@ def _numbers(text: str) -> list[str]:
     return [normalize_number(m.group(1), m.group(2)) for m in _NUMBER.finditer(text)]
 
 
+def last_boxed(text: str) -> Optional[str]:
+    """The content of the last ``\\boxed{...}`` (nested braces matched), or None."""
+    start = text.rfind("\\boxed{")
+    while start != -1:
+        depth, position = 0, start + len("\\boxed")
+        for position in range(position, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[position], 0)
+            if depth == 0:
+                return text[start + len("\\boxed{") : position]
+        start = text.rfind("\\boxed{", 0, start)  # unclosed: try the one before
+    return None
+
+
 def extract_number(text: str) -> tuple[Optional[str], str]:
-    """(number, rule): the first number on a line after ``####``; else the last number in
-    the text; (None, "none") when there is no number at all."""
+    """(number, rule): the first number inside the last ``\\boxed{}``; else the first number on
+    a line after ``####``; else the last number in the text; (None, "none") when there is no
+    number at all. (The released evaluations of both model families ask for a boxed answer.)"""
     if len(text) > _MAX_SCAN:  # huge outputs: the marker search and the last number stay linear
         head, tail = text[:_MAX_SCAN], text[-_MAX_SCAN:]
     else:
         head = tail = text
+    boxed = last_boxed(tail)
+    if boxed is not None and _numbers(boxed):
+        return _numbers(boxed)[0], "boxed"
     start = head.find(MARKER)
     while start != -1:
         line = head[start + len(MARKER) :].split("\n", 1)[0]
