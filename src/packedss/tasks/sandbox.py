@@ -1,15 +1,23 @@
 """Run an untrusted Python program in a separate, limited process.
 
-Guarantees (see the README, "Tasks", for the limits):
+Guarantees (docs/sandbox.md has the details and the limits):
 - a fresh temporary working directory, deleted afterwards; stdin = /dev/null; only fds 0-2
   inherited (close_fds); a scrubbed environment (minimal PATH, HOME/TMPDIR = the sandbox);
   ``python -I`` (isolated mode: no PYTHON* variables, no user site, no script dir on path);
 - its own session/process group; wall-clock limit enforced by the harness (SIGKILL to the
   group and, when root, to every process of the sandbox's uid), plus RLIMIT_CPU;
 - RLIMIT_AS/RLIMIT_DATA (memory), RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE=0, RLIMIT_NPROC;
+- kernel-enforced for every user, where the kernel offers it: Landlock (writes only under
+  the working directory, reads only of the Python installation and system libraries, no
+  execve; from ABI 4 no TCP bind/connect; from ABI 6 no signals or abstract unix sockets
+  out of the sandbox) and an empty network namespace;
 - as root: the program runs under a fresh unprivileged uid/gid (no supplementary groups)
   that owns only the temporary directory, so it cannot touch the harness's files, signal
   the harness, or leave processes behind (all processes of that uid are killed);
+  ``PACKEDSS_SANDBOX_NO_DROP=1`` skips this step, to check what a non-root user gets;
+- the kernel layers are probed once per process and interpreter; a missing one is reported
+  in one warning on stderr, and every result says which protections were active
+  (``ExecResult.sandbox``);
 - stdout/stderr are read incrementally; at most ``max_output_bytes`` in total is accepted
   (more kills the program) and only a short tail of each is kept;
 - success needs a random nonce that the wrapper prints only after the whole program
@@ -30,10 +38,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
+
+from packedss.tasks._sandbox_child import SETUP_FAILED, SETUP_FAILED_MESSAGE
 
 CHILD = str(Path(__file__).resolve().with_name("_sandbox_child.py"))
 #: imported before privileges are dropped (cheap, commonly used by HumanEval/MBPP code).
@@ -46,6 +57,16 @@ PRELOAD = (
 )
 _IMPORT = re.compile(r"^[ \t]*(?:from[ \t]+([A-Za-z_][\w.]*)[ \t]+import|import[ \t]+([A-Za-z_][\w., \t]*))", re.M)
 TAIL = 4096
+NO_DROP_ENV = "PACKEDSS_SANDBOX_NO_DROP"
+#: the child's environment (and the probe's).
+ENV = {
+    "PATH": "/usr/bin:/bin",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "OPENBLAS_NUM_THREADS": "1",
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+}
 
 
 @dataclass
@@ -55,6 +76,8 @@ class ExecResult:
     duration_s: float
     stdout_tail: str
     stderr_tail: str
+    #: the protections that were active (see :func:`protections`)
+    sandbox: Optional[dict] = None
 
     @property
     def passed(self) -> bool:
@@ -80,6 +103,96 @@ def _preload(program: str) -> list[str]:
             seen.add(n)
             out.append(n)
     return out[:200]
+
+
+def privilege_drop_enabled() -> bool:
+    """Whether programs run under a fresh unprivileged uid: as root, unless
+    PACKEDSS_SANDBOX_NO_DROP=1 asks to see what a non-root user gets."""
+    value = os.environ.get(NO_DROP_ENV, "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"{NO_DROP_ENV}={value!r}: set it to 1 to skip the root-only privilege drop, or to 0 or unset to keep it")
+    return os.geteuid() == 0 and value != "1"
+
+
+@dataclass(frozen=True)
+class KernelLayers:
+    """What the kernel let a probe process apply (one probe per interpreter and netns mode)."""
+
+    landlock_abi: int
+    landlock_error: Optional[str]
+    netns_error: Optional[str]
+
+
+_PROBED: dict[tuple[str, bool], KernelLayers] = {}
+_PROBE_LOCK = threading.Lock()
+
+
+def kernel_layers(python: str, netns_with_user_namespace: bool) -> KernelLayers:
+    """Probe once per process which kernel layers work, and warn once if any is missing."""
+    key = (python, netns_with_user_namespace)
+    with _PROBE_LOCK:
+        if key not in _PROBED:
+            layers = _probe(python, netns_with_user_namespace)
+            _PROBED[key] = layers
+            warning = missing_layers_warning(layers, privilege_drop=not netns_with_user_namespace)
+            if warning:
+                print(warning, file=sys.stderr, flush=True)
+        return _PROBED[key]
+
+
+def _probe(python: str, netns_with_user_namespace: bool) -> KernelLayers:
+    cfg = json.dumps({"netns_with_user_namespace": netns_with_user_namespace})
+    try:
+        done = subprocess.run(
+            [python, "-I", "-X", "utf8", "-B", CHILD, "--probe", cfg],
+            cwd=tempfile.gettempdir(), env=ENV, stdin=subprocess.DEVNULL, capture_output=True, timeout=60,
+        )  # fmt: skip
+        report = json.loads(done.stdout.decode("utf-8", "replace").strip().splitlines()[-1])
+        return KernelLayers(int(report["landlock_abi"]), report["landlock_error"], report["netns_error"])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError, KeyError) as exc:
+        error = f"the probe {python} {CHILD} --probe failed: {exc!r}"
+        return KernelLayers(0, error, error)
+
+
+def protections(layers: KernelLayers, privilege_drop: bool, guard: bool) -> dict:
+    """The record of which protections a program ran under."""
+    abi = 0 if layers.landlock_error else layers.landlock_abi
+    net = [name for name, active in (("landlock", abi >= 4), ("netns", not layers.netns_error)) if active]
+    return {
+        "landlock_abi": abi,
+        "fs": "landlock" if abi else "none",
+        "net": "+".join(net) or "none",
+        "signals": "landlock" if abi >= 6 else "none",
+        "privilege_drop": privilege_drop,
+        "rlimits": True,
+        "python_guard": guard,
+    }
+
+
+def missing_layers_warning(layers: KernelLayers, privilege_drop: bool) -> Optional[str]:
+    """One warning naming the kernel layers that are missing, or None when all are active."""
+    missing = []
+    if layers.landlock_error:
+        missing.append(f"Landlock filesystem, network and signal rules ({layers.landlock_error})")
+    else:
+        if layers.landlock_abi < 4:
+            missing.append(f"Landlock TCP rules (Landlock ABI {layers.landlock_abi} < 4)")
+        if layers.landlock_abi < 6:
+            missing.append(f"Landlock signal scoping (Landlock ABI {layers.landlock_abi} < 6)")
+    if layers.netns_error:
+        missing.append(f"an empty network namespace ({layers.netns_error})")
+    if not missing:
+        return None
+    rest = (
+        "the unprivileged sandbox uid and the in-process Python guard"
+        if privilege_drop
+        else "only the in-process Python guard, which determined code can bypass"
+    )
+    return (
+        "packedss sandbox WARNING: generated code runs without " + "; without ".join(missing)
+        + f". What is missing is left to {rest}. Each code grade records its protections in"
+        " 'sandbox'; see docs/sandbox.md."
+    )  # fmt: skip
 
 
 def _pick_uid(tmp: str) -> tuple[Optional[int], Optional[int]]:
@@ -151,6 +264,8 @@ def run_program(
     guard: bool = True,
 ) -> ExecResult:
     """Run ``program`` (Python source) in the sandbox; see the module docstring."""
+    drop = privilege_drop_enabled()
+    python = python or sys.executable
     nonce = secrets.token_hex(16)
     tmp = tempfile.mkdtemp(prefix="packedss-sbx-")
     os.chmod(tmp, 0o700)
@@ -158,7 +273,9 @@ def run_program(
     proc = None
     uid = None
     try:
-        uid, gid = _pick_uid(tmp)
+        uid, gid = _pick_uid(tmp) if drop else (None, None)
+        layers = kernel_layers(python, netns_with_user_namespace=uid is None)
+        active = protections(layers, privilege_drop=uid is not None, guard=guard)
         prog_path = os.path.join(tmp, ".program.py")
         fd = os.open(prog_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8", errors="surrogatepass") as fh:
@@ -177,21 +294,15 @@ def run_program(
             "nproc": nproc,
             "uid": uid,
             "gid": gid,
-            "guard": bool(guard),  # False only in tests of the OS-level layer
+            "guard": bool(guard),  # False only in tests of the OS-level layers
+            "landlock": not layers.landlock_error,
+            "netns": not layers.netns_error,
+            "netns_with_user_namespace": uid is None,
         }
-        env = {
-            "PATH": "/usr/bin:/bin",
-            "HOME": tmp,
-            "TMPDIR": tmp,
-            "LANG": "C.UTF-8",
-            "LC_ALL": "C.UTF-8",
-            "OPENBLAS_NUM_THREADS": "1",
-            "OMP_NUM_THREADS": "1",
-            "MKL_NUM_THREADS": "1",
-        }
+        env = {**ENV, "HOME": tmp, "TMPDIR": tmp}
         try:
             proc = subprocess.Popen(
-                [python or sys.executable, "-I", "-X", "utf8", "-B", CHILD, json.dumps(cfg)],
+                [python, "-I", "-X", "utf8", "-B", CHILD, json.dumps(cfg)],
                 cwd=tmp,
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -201,7 +312,7 @@ def run_program(
                 start_new_session=True,
             )
         except OSError as exc:
-            return ExecResult("error", None, 0.0, "", f"cannot start the sandbox: {exc}")
+            return ExecResult("error", None, 0.0, "", f"cannot start the sandbox: {exc}", active)
         status, out, err = _communicate(proc, start + float(time_limit_s), max_output_bytes)
         if status != "running":
             _kill_all(proc, uid)
@@ -214,13 +325,16 @@ def run_program(
         duration = time.monotonic() - start
         stdout = out.decode("utf-8", "replace")
         marker = "\n" + nonce + "\n"
+        stderr = err.decode("utf-8", "replace")
         if status == "running":
             status = "passed" if rc == 0 and stdout.endswith(marker) else "failed"
+            if rc == SETUP_FAILED and SETUP_FAILED_MESSAGE in stderr:
+                status = "error"
         if status == "passed":
             stdout = stdout[: -len(marker)]
         else:
             stdout = stdout.replace(nonce, "<nonce>")
-        return ExecResult(status, rc, round(duration, 4), stdout[-TAIL:], err.decode("utf-8", "replace")[-TAIL:])
+        return ExecResult(status, rc, round(duration, 4), stdout[-TAIL:], stderr[-TAIL:], active)
     finally:
         if proc is not None and proc.poll() is None:
             _kill_all(proc, uid)
