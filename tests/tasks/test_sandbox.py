@@ -9,7 +9,7 @@ import pytest
 
 from packedss.tasks import Question, load_task_config
 from packedss.tasks.code import grade_humaneval, grade_mbpp
-from packedss.tasks.sandbox import run_program
+from packedss.tasks.sandbox import privilege_drop_enabled, run_program
 
 LIMIT = 2.0
 SLACK = 3.0  # start-up, kill and clean-up on a busy 2-core machine
@@ -83,19 +83,20 @@ def test_kill_everything_only_hits_the_sandbox(canary):
 
 @pytest.mark.parametrize("name", ["posix_system", "posix_unlink", "write_canary", "write_next_to_canary", "posix_kill_parent", "rmtree_absolute"])
 def test_os_layer_holds_without_the_python_guard(name, canary):
-    """Defence in depth: with the in-process guard switched off, the unprivileged uid alone
-    still protects the canary and the harness (root only: otherwise there is no uid switch)."""
-    if os.geteuid() != 0:
-        pytest.skip("privilege drop only happens when the harness runs as root")
+    """Defence in depth: with the in-process guard switched off, the kernel layers (Landlock,
+    and as root the unprivileged uid) still protect the canary (checked by the fixture) and
+    the harness (tests/tasks/test_sandbox_kernel.py tests each layer on its own)."""
+    probe = run_program("pass\n", time_limit_s=LIMIT)
+    if not probe.sandbox["privilege_drop"] and (probe.sandbox["fs"] != "landlock" or probe.sandbox["signals"] != "landlock"):
+        pytest.skip(f"neither a privilege drop nor Landlock (ABI >= 6) to test: {probe.sandbox}")
     src = HOSTILE[name].format(canary=str(canary), canary_dir=str(canary.parent))
-    res = run_program(src, time_limit_s=LIMIT, memory_limit_mb=512, guard=False)
-    assert "Permission denied" in res.stderr_tail or "Operation not permitted" in res.stderr_tail or res.status != "passed", res
+    run_program(src, time_limit_s=LIMIT, memory_limit_mb=512, guard=False)
     assert run_program("print('ok')", time_limit_s=LIMIT).passed
 
 
 def test_no_processes_left_behind():
-    if os.geteuid() != 0:
-        pytest.skip("uid-based clean-up only applies when the harness runs as root")
+    if not privilege_drop_enabled():
+        pytest.skip("uid-based clean-up only applies with the privilege drop (root, PACKEDSS_SANDBOX_NO_DROP unset)")
     from packedss.tasks import sandbox
 
     seen = []
@@ -131,7 +132,7 @@ def test_sandbox_basics(tmp_path):
     assert fail.status == "failed" and "AssertionError" in fail.stderr_tail
     stdin = run_program("import sys\nprint(repr(sys.stdin.read()))\n")
     assert stdin.passed and stdin.stdout_tail.strip() == "''"
-    if os.geteuid() == 0:
+    if privilege_drop_enabled():
         who = run_program("import os\nprint(os.getuid(), os.getgid(), os.getgroups())\n")
         uid, gid = who.stdout_tail.split()[:2]
         assert int(uid) != 0 and int(gid) != 0 and who.stdout_tail.strip().endswith("[]")
