@@ -266,3 +266,27 @@ def test_bad_no_drop_value_is_refused(monkeypatch):
     monkeypatch.setenv(NO_DROP_ENV, "yes")
     with pytest.raises(ValueError, match="PACKEDSS_SANDBOX_NO_DROP"):
         run_program("pass\n")
+
+
+@pytest.fixture()
+def python_without_landlockpy():
+    """The venv's base interpreter, which lacks landlockpy (skips if there is none)."""
+    base = shutil.which("python3", path=os.path.join(sys.base_prefix, "bin"))
+    if base is None or subprocess.run([base, "-I", "-c", "import landlockpy"], capture_output=True).returncode == 0:
+        pytest.skip(f"no interpreter without landlockpy under {sys.base_prefix}")
+    return base
+
+
+def test_a_required_layer_that_fails_stops_the_program(monkeypatch, python_without_landlockpy):
+    monkeypatch.setattr(sandbox, "_PROBED", {})
+    monkeypatch.setattr(sandbox, "_probe", lambda python, userns: KernelLayers(7, None, None))
+    res = run_program("print('ran')\n", time_limit_s=LIMIT, python=python_without_landlockpy)
+    assert res.status == "error" and "ran" not in res.stdout_tail, res
+    assert "packedss sandbox setup failed: Landlock ruleset" in res.stderr_tail and "landlockpy" in res.stderr_tail
+
+
+def test_the_probe_reports_a_missing_landlockpy(monkeypatch, capsys, python_without_landlockpy):
+    monkeypatch.setattr(sandbox, "_PROBED", {})
+    layers = sandbox.kernel_layers(python_without_landlockpy, netns_with_user_namespace=True)
+    assert layers.landlock_error and "landlockpy is not importable" in layers.landlock_error
+    assert "packedss sandbox WARNING" in capsys.readouterr().err
