@@ -174,6 +174,3 @@ def test_mbpp_grader_formats():
     prog = Question("mbppplus/x", "t", {"format": "program", "test_imports": [], "test": "import numpy as np\nfor i in range(5):\n    assert np.isclose(twice(i), 2 * i)\n"}, {})
     assert grade_mbpp(cfg, prog, "def twice(x):\n    return 2 * x\n").correct is True
     assert grade_mbpp(cfg, prog, "def twice(x):\n    return x\n").correct is False
-    io = Question("mbppplus/y", "t", {"format": "io", "entry_point": "half", "canonical_solution": "def half(x):\n    return x / 2\n", "inputs": [[1], [3], [10.5]], "atol": 0.0}, {})
-    assert grade_mbpp(cfg, io, "def half(x):\n    return x * 0.5\n").correct is True
-    assert grade_mbpp(cfg, io, "def half(x):\n    return x // 2\n").correct is False
