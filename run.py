@@ -3,13 +3,20 @@
     python run.py                                   # embedded default: tiny model, arith, CPU
     python run.py model=nemotron8b task=gsm8k schedule=packed width=31 model.path=/local/dir
     python run.py -m schedule=linear,quadratic,packed width=8,16
+    python run.py -m +experiment=table6 +paths=local  # a paper preset, checkpoints from conf/paths/local.yaml
+
+A sweep checks every job before the first starts, runs every job even when some fail, and
+lists the failed ones at the end (hydra_plugins/packedss_sweeper).
 """
 
 from __future__ import annotations
 
 import sys
+import traceback
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from packedss.config import register_configs
@@ -25,7 +32,13 @@ def main(cfg: DictConfig) -> None:
         result = run_job(cfg)
     except PackedSSError as err:
         print(f"error: {err}", file=sys.stderr)
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            raise  # Hydra records the job as failed and the sweep goes on; the sweeper lists it at the end
         sys.exit(2)
+    except Exception:
+        if HydraConfig.get().mode == RunMode.MULTIRUN:
+            traceback.print_exc()  # the job's log keeps where it failed; the summary keeps the message
+        raise
     print(f"{result.path}: {result.written} records written, {result.skipped} already recorded")
 
 
