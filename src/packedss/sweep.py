@@ -3,7 +3,8 @@ starts, and the report of the jobs that failed at run time.
 
 A sweep is Hydra's grid (`hydra.sweeper.params` and the command line's `a=1,2`), optionally a
 union of several grids: `hydra.sweeper.grids` names grids whose overrides are added to the
-params, one product per grid. The experiment presets use it for jobs that are not one product,
+params, one product per grid; a grid set to null is left out (a preset that extends another
+drops one of its grids). The experiment presets use it for jobs that are not one product,
 e.g. the native decoder, which has no verification order, beside schedules run under both
 orders. The command line's overrides apply to every grid and win over the preset's values. Two
 grids that expand to the same job run it once.
@@ -46,7 +47,7 @@ def _override_value(value: Any) -> str:
 def expand(
     parser: OverridesParser,
     params: Optional[Mapping[str, Any]],
-    grids: Optional[Mapping[str, Mapping[str, Any]]],
+    grids: Optional[Mapping[str, Optional[Mapping[str, Any]]]],
     arguments: Sequence[str],
 ) -> list[list[str]]:
     """Every job's override list, in Hydra's order: grid after grid, each expanded as Hydra's
@@ -54,7 +55,9 @@ def expand(
     common = [f"{key}={_override_value(value)}" for key, value in (params or {}).items()]
     jobs: list[list[str]] = []
     for grid in (grids or {"": {}}).values():
-        own = [f"{key}={_override_value(value)}" for key, value in (grid or {}).items()]
+        if grid is None:
+            continue
+        own = [f"{key}={_override_value(value)}" for key, value in grid.items()]
         overrides = parser.parse_overrides([*common, *own, *arguments])
         for job in BasicSweeper.split_arguments(overrides, None)[0]:
             if job not in jobs:

@@ -30,8 +30,9 @@ class PackedSSSweeperConf:
     _target_: str = "hydra_plugins.packedss_sweeper.packedss_sweeper.PackedSSSweeper"
     max_batch_size: Optional[int] = None
     params: Optional[Dict[str, str]] = None
-    # name -> overrides: the sweep is the union of params x grid over the grids (None: params alone)
-    grids: Optional[Dict[str, Dict[str, str]]] = None
+    # name -> overrides: the sweep is the union of params x grid over the grids (None: params
+    # alone); a grid set to null is dropped (a preset that extends another leaves it out)
+    grids: Optional[Dict[str, Any]] = None
 
 
 ConfigStore.instance().store(group="hydra/sweeper", name="packedss", node=PackedSSSweeperConf, provider="packedss")
@@ -42,7 +43,7 @@ class PackedSSSweeper(BasicSweeper):
         self,
         max_batch_size: Optional[int],
         params: Optional[Dict[str, str]] = None,
-        grids: Optional[Dict[str, Dict[str, str]]] = None,
+        grids: Optional[Dict[str, Any]] = None,
     ) -> None:
         super().__init__(max_batch_size=max_batch_size, params=params)
         self.grids = grids

@@ -1,0 +1,277 @@
+"""The plan of one or more sweeps: every job they would run, one line each, without loading any
+model or data set, with an estimate of the GPU time from the paper's own measurements.
+
+    python -m packedss.plan +experiment=table6
+    python -m packedss.plan +experiment=table6 model=tiny --and +experiment=table9 model=tiny-set
+
+Each `--and` starts another sweep (a make target's presets); a job that two sweeps share (the
+same config, the same records) is listed once. The jobs are expanded and checked exactly as a
+sweep does it (packedss.sweep): when any job is invalid, one message lists all of them and the
+exit status is 2. The plan ends with the line `N jobs, Q question-runs`, a question-run being
+one response decoded (questions x samples x repeats).
+
+The estimate of a job is the paper's time per NFE times its NFE per response (Tables 6-9), times
+the job's responses, for the jobs that run one of the paper's measured settings (model, task,
+schedule, W, temperature, order, the 1,024-token cap); `n/a` for the others.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from packedss.errors import PackedSSError
+from packedss.paths import CONF_DIR
+
+# Questions in each benchmark's evaluation split, by (task, split, variant): what `limit: null`
+# runs, known without loading the data (tests check them against the data files).
+TASK_SIZES = {
+    ("gsm8k", "test", ""): 1319,
+    ("math500", "test", ""): 500,
+    ("mbpp", "test", "plus"): 378,
+    ("mbpp", "test", "original"): 500,
+    ("humaneval", "test", ""): 164,
+    ("writingbench", "test", ""): 1000,
+}
+PAPER_MAX_NEW_TOKENS = 1024  # the paper's output cap (Figure 5's caption)
+
+
+@dataclass(frozen=True)
+class PlannedJob:
+    model: str
+    checkpoint: str  # the hub id, and the local directory when one is configured
+    task: str
+    variant: str
+    n: int  # questions
+    schedule: str
+    width: int
+    block: int
+    temperature: float
+    verify: str
+    order: Optional[str]
+    samples: int
+    repeats: int
+    max_new_tokens: int
+    chat: bool
+    lora: bool
+    out_dir: str
+    overrides: tuple[str, ...]
+    estimate_s: Optional[float]  # estimated GPU seconds; None where the paper has no figure
+
+    @property
+    def question_runs(self) -> int:
+        return self.n * self.samples * self.repeats
+
+
+def task_size(task) -> int:
+    if task.name == "arith":
+        return int(task.n)
+    size = TASK_SIZES.get((task.name, task.split, task.variant or ""))
+    if size is None:
+        raise PackedSSError(
+            f"the plan knows no question count for task {task.name} (split {task.split}, variant "
+            f"{task.variant or 'none'}); set limit=N, or add it to packedss.plan.TASK_SIZES"
+        )
+    return size
+
+
+def _paper_costs() -> dict[tuple, tuple[float, float]]:
+    """(model, task, method, temperature, window) -> (ms per NFE, NFE per response), from the
+    paper's absolute tables: Nemotron at its B (Tables 6, 7), SetDLM LTR and native (Tables 8, 9)."""
+    from packedss.analysis.paper_numbers import TABLE6, TABLE7, TABLE8, TABLE9
+
+    costs = {}
+    for rows, temperature in ((TABLE6, 0.0), (TABLE7, 1.0), (TABLE8, 0.0), (TABLE9, 0.0)):
+        for row in rows:
+            key = (row["Model"], row["Task"], row["Method"], temperature, row.get("Window"))
+            costs[key] = (row["Time/NFE (ms)"], row["NFE"])
+    return costs
+
+
+def paper_seconds_per_response(cfg, order: Optional[str], verify: str, max_new_tokens: int) -> Optional[float]:
+    """The paper's measured wall time per response for this job's setting; None when the paper
+    has no figure for it."""
+    from packedss.analysis.metrics import MODEL_LABELS, SCHEDULE_LABELS, TASK_LABELS
+    from packedss.families import family_named
+
+    if cfg.model.lora or max_new_tokens != PAPER_MAX_NEW_TOKENS or cfg.temperature not in (0.0, 1.0):
+        return None
+    if cfg.temperature > 0 and verify != "rejection":
+        return None
+    if cfg.task.name == "mbpp" and cfg.task.variant != "plus":
+        return None
+    if family_named(cfg.model.family).orders:
+        if order != "ltr":  # the stored paper text shows the LTR part of Table 9 only
+            return None
+        window = f"W={cfg.width}"
+    elif cfg.width != cfg.schedule.paper_width:
+        return None
+    else:
+        window = None
+    key = (
+        MODEL_LABELS.get(cfg.model.name),
+        TASK_LABELS.get(cfg.task.name),
+        SCHEDULE_LABELS.get(cfg.schedule.name),
+        float(cfg.temperature),
+        window,
+    )
+    cost = _paper_costs().get(key)
+    return None if cost is None else cost[0] / 1000.0 * cost[1]
+
+
+def describe(cfg, overrides: Sequence[str]) -> PlannedJob:
+    """What one job runs, from its composed config."""
+    from packedss.config import resolved_order
+    from packedss.decoding import GREEDY
+    from packedss.families import family_named
+    from packedss.models import select_checkpoint
+
+    checkpoint = select_checkpoint(cfg.model, cfg.width, cfg.checkpoint_dirs)
+    if checkpoint.hub_id and checkpoint.path:
+        checkpoint_label = f"{checkpoint.hub_id} @ {checkpoint.path}"
+    else:
+        checkpoint_label = checkpoint.label()
+    size = task_size(cfg.task)
+    n = size if cfg.limit is None else min(cfg.limit, size)
+    verify = GREEDY if cfg.temperature == 0 else cfg.verify
+    order = resolved_order(cfg)
+    max_new_tokens = cfg.max_new_tokens or cfg.task.max_new_tokens
+    per_response = paper_seconds_per_response(cfg, order, verify, max_new_tokens)
+    job = PlannedJob(
+        model=cfg.model.name,
+        checkpoint=checkpoint_label,
+        task=cfg.task.name,
+        variant=cfg.task.variant or "",
+        n=n,
+        schedule=cfg.schedule.name,
+        width=cfg.width,
+        block=family_named(cfg.model.family).block_of_width(cfg.width),
+        temperature=float(cfg.temperature),
+        verify=verify,
+        order=order,
+        samples=cfg.samples,
+        repeats=cfg.repeats,
+        max_new_tokens=max_new_tokens,
+        chat=bool(cfg.model.chat),
+        lora=bool(cfg.model.lora),
+        out_dir=str(cfg.out_dir),
+        overrides=tuple(overrides),
+        estimate_s=None,
+    )
+    if per_response is None:
+        return job
+    return PlannedJob(**{**vars(job), "estimate_s": per_response * job.question_runs})
+
+
+def plan(sweeps: Sequence[Sequence[str]], config_dir: Path = CONF_DIR) -> list[PlannedJob]:
+    """Every job of the sweeps (each a list of Hydra overrides, as after `python run.py -m`), in
+    order, each listed once; raises PackedSSError listing every invalid job."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    from packedss.config import register_configs
+    from packedss.sweep import compose_jobs, invalid_jobs_message, job_identity
+
+    register_configs()
+    jobs = []
+    with initialize_config_dir(config_dir=str(Path(config_dir).resolve()), version_base="1.3", job_name="run"):
+        loader = GlobalHydra.instance().config_loader()
+        for overrides in sweeps:
+            master = loader.load_configuration("config", list(overrides), run_mode=RunMode.MULTIRUN)
+            jobs += compose_jobs(loader, master, list(master.hydra.overrides.task))
+    for number, job in enumerate(jobs):
+        job.number = number
+    message = invalid_jobs_message(jobs)
+    if message is not None:
+        raise PackedSSError(message)
+    planned, seen = [], set()
+    for job in jobs:
+        identity = job_identity(job.cfg)
+        if identity not in seen:
+            seen.add(identity)
+            planned.append(describe(job.cfg, job.overrides))
+    return planned
+
+
+def _hours(seconds: float) -> str:
+    return f"{seconds / 3600:.2f} h"
+
+
+COLUMNS = ("#", "model", "checkpoint", "task", "n", "schedule", "W", "B", "T", "verify", "order", "samples",
+           "max_new_tokens", "chat", "est. GPU time")  # fmt: skip
+
+
+def _row(number: int, job: PlannedJob) -> tuple[str, ...]:
+    task = f"{job.task} ({job.variant})" if job.variant else job.task
+    if job.lora:
+        task += " +lora"
+    return (
+        str(number),
+        job.model,
+        job.checkpoint,
+        task,
+        f"{job.n:,}",
+        job.schedule,
+        str(job.width),
+        str(job.block),
+        f"{job.temperature:g}",
+        job.verify,
+        job.order or "-",
+        str(job.samples) if job.repeats == 1 else f"{job.samples} x{job.repeats} repeats",
+        str(job.max_new_tokens),
+        "yes" if job.chat else "no",
+        "n/a" if job.estimate_s is None else _hours(job.estimate_s),
+    )
+
+
+def format_plan(jobs: Sequence[PlannedJob]) -> str:
+    rows = [COLUMNS, *(_row(number, job) for number, job in enumerate(jobs, start=1))]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
+    lines.append("")
+    lines.append("Estimated GPU time (an estimate: the paper's time per NFE x NFE per response, Tables 6-9, x responses):")
+    for model in dict.fromkeys(job.model for job in jobs):
+        own = [job for job in jobs if job.model == model]
+        known = [job.estimate_s for job in own if job.estimate_s is not None]
+        if not known:
+            lines.append(f"  {model}: n/a (the paper has no figure for its {len(own)} jobs)")
+        elif len(known) < len(own):
+            lines.append(f"  {model}: {_hours(sum(known))} for {len(known)} of its {len(own)} jobs "
+                         f"(n/a for {len(own) - len(known)}: the paper has no figure)")
+        else:
+            lines.append(f"  {model}: {_hours(sum(known))} for its {len(own)} jobs")
+    lines.append(f"{len(jobs)} jobs, {sum(job.question_runs for job in jobs):,} question-runs")
+    return "\n".join(lines)
+
+
+def split_sweeps(arguments: Sequence[str]) -> list[list[str]]:
+    """Command-line arguments -> one override list per sweep (`--and` separates them)."""
+    sweeps: list[list[str]] = [[]]
+    for argument in arguments:
+        if argument == "--and":
+            sweeps.append([])
+        else:
+            sweeps[-1].append(argument)
+    return sweeps
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if any(argument in ("-h", "--help") for argument in arguments):
+        print(__doc__)
+        return 0
+    try:
+        jobs = plan(split_sweeps(arguments))
+    except PackedSSError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(format_plan(jobs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
