@@ -8,12 +8,13 @@ from pathlib import Path
 
 import numpy as np
 
+from packedss.families import FAMILIES
 from packedss.records import config_hash, output_hash, record_path, validate_record
 
 PROMPT = 40
 
 
-def _rows_ltr(schedule: str, width: int, accepted: list[int]) -> list[int]:
+def _rows_nemotron(schedule: str, width: int, accepted: list[int]) -> list[int]:
     b = width + 1
     prefill = {"ar": PROMPT, "linear": PROMPT, "quadratic": PROMPT + b * b, "packed": PROMPT + b}[schedule]
     rows = [prefill]
@@ -31,7 +32,7 @@ def _rows_ltr(schedule: str, width: int, accepted: list[int]) -> list[int]:
     return rows
 
 
-def _rows_anyorder(schedule: str, width: int, iterations: int) -> list[int]:
+def _rows_setdlm(schedule: str, width: int, iterations: int) -> list[int]:
     rows = [PROMPT + width]
     for t in range(iterations):
         p, u = (0 if t == 0 else 1), width
@@ -59,29 +60,36 @@ def make_record(
     call_s: float = 0.01,
     nonmodel_s: float = 0.002,
     correct: bool | None = True,
-    family: str = "ltr",
+    family: str = "nemotron",
     order: str | None = None,
     seed: int = 0,
+    sample: int = 0,
     repeat: int = 0,
     lora: bool = False,
     **extra,
 ) -> dict:
     verify = "rejection" if temperature > 0 else None
-    if family == "ltr":
+    block = FAMILIES[family].block_of_width(width)
+    if family == "nemotron":
         accepted = [1] * iterations if schedule == "ar" else [tokens_per_iteration] * iterations
-        rows = _rows_ltr(schedule, width, accepted)
-    else:
+        rows = _rows_nemotron(schedule, width, accepted)
+    elif family == "setdlm":
         accepted = [tokens_per_iteration] * iterations
-        rows = _rows_anyorder(schedule, width, iterations)
+        rows = _rows_setdlm(schedule, width, iterations)
+    else:  # a family registered by a test: `calls` calls of one block per iteration
+        accepted = [tokens_per_iteration] * iterations
+        calls = FAMILIES[family].calls_per_iteration[schedule]
+        rows = [PROMPT] + [block] * (calls * iterations)
     nfe = len(rows)
     output_tokens = 1 + sum(accepted)
     model_s = call_s * nfe
     wall_s = model_s + nonmodel_s
     identity = {
-        "model": model, "task": task, "schedule": schedule, "width": width, "block": width + 1,
-        "temperature": temperature, "verify": verify, "order": order, "seed": seed,
+        "model": model, "family": family, "task": task, "task_config": {"name": task}, "schedule": schedule,
+        "width": width, "block": block, "temperature": temperature, "verify": verify, "order": order, "seed": seed,
     }  # fmt: skip
     record = identity | {
+        "sample": sample,
         "repeat": repeat,
         "config_hash": config_hash(identity | {"lora": lora}),
         "code_version": "test",
@@ -109,7 +117,6 @@ def make_record(
         "extracted_answer": "1",
         "correct": correct,
         "grader": {"name": "test"},
-        "family": family,
         "lora": lora,
     }
     record.update(extra)
@@ -137,30 +144,34 @@ def write_records(root: Path, records: list[dict], name: str | None = None) -> l
     return paths
 
 
-# Schedules' speed in the synthetic LTR folder: tokens per iteration and seconds per call.
-LTR_PROFILE = {
+# Schedules' speed in the synthetic folder: tokens per iteration and seconds per call.
+NEMOTRON_PROFILE = {
     "ar": (1, 0.004),
     "linear": (3, 0.006),
     "quadratic": (4, 0.010),
     "packed": (3, 0.007),
 }
-ANYORDER_PROFILE = {"linear": (3, 0.006), "quadratic": (4, 0.012), "packed": (3, 0.007), "native": (2, 0.006)}
+SETDLM_PROFILE = {"linear": (3, 0.006), "quadratic": (4, 0.012), "packed": (3, 0.007), "native": (2, 0.006)}
+
+
+SAMPLES = 2  # samples per question at T = 1 (the paper's protocol draws K of them)
 
 
 def synthetic_results(root: Path, n: int = 12, seed: int = 0) -> Path:
     """A small results folder (records under root/records) that covers every table and figure:
-    tiny (LTR) on arith and writingbench at T = 0 and 1 (linear, quadratic, packed at W = 8, and
-    linear/packed at W = 4 for arith), LoRA runs, and tiny-set (any-order) at W = 4 and 8 with LTR
-    and confidence order plus native decoding."""
+    tiny (Nemotron family) on arith and writingbench at T = 0 and at T = 1 with SAMPLES samples per
+    question (ar, linear, quadratic, packed at W = 8, and linear/packed at W = 4 for arith), LoRA
+    runs, and tiny-set (SetDLM family) at W = 4 and 8 with LTR and confidence order plus native
+    decoding (recorded under order ltr)."""
     rng = np.random.default_rng(seed)
     records = []
     for task in ("arith", "writingbench"):
         for temperature in (0.0, 1.0):
-            for schedule, (tpi, call_s) in LTR_PROFILE.items():
+            for schedule, (tpi, call_s) in NEMOTRON_PROFILE.items():
                 widths = [8, 4] if task == "arith" and temperature == 0 and schedule in ("linear", "packed") else [8]
                 for width in widths:
                     for lora in ([False, True] if task == "arith" and temperature == 0 and width == 8 and schedule != "ar" else [False]):
-                        for q in range(n):
+                        for q, sample in ((q, k) for q in range(n) for k in range(SAMPLES if temperature > 0 else 1)):
                             iterations = int(rng.integers(5, 15))
                             correct = None if task == "writingbench" else bool(rng.random() < 0.7)
                             extra = {}
@@ -175,14 +186,14 @@ def synthetic_results(root: Path, n: int = 12, seed: int = 0) -> Path:
                             records.append(
                                 make_record(
                                     task=task, schedule=schedule, width=width, temperature=temperature, question=q,
-                                    tokens_per_iteration=tpi, iterations=iterations,
+                                    sample=sample, tokens_per_iteration=tpi, iterations=iterations,
                                     call_s=call_s * (1.15 if lora else 1.0) * float(rng.lognormal(0, 0.05)),
                                     nonmodel_s=0.002 * iterations, correct=correct, lora=lora, **extra,
                                 )
                             )  # fmt: skip
     for width in (4, 8):
         for order in ("ltr", "confidence"):
-            for schedule, (tpi, call_s) in ANYORDER_PROFILE.items():
+            for schedule, (tpi, call_s) in SETDLM_PROFILE.items():
                 if schedule == "native" and order != "ltr":
                     continue
                 for q in range(n):
@@ -192,8 +203,7 @@ def synthetic_results(root: Path, n: int = 12, seed: int = 0) -> Path:
                             model="tiny-set", task="arith", schedule=schedule, width=width, question=q,
                             tokens_per_iteration=tpi, iterations=iterations,
                             call_s=call_s * float(rng.lognormal(0, 0.05)), nonmodel_s=0.003 * iterations,
-                            correct=bool(rng.random() < 0.6), family="anyorder",
-                            order=None if schedule == "native" else order, lossy=schedule == "native",
+                            correct=bool(rng.random() < 0.6), family="setdlm", order=order, lossy=schedule == "native",
                         )
                     )  # fmt: skip
     write_records(root / "records", records)

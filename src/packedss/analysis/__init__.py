@@ -13,7 +13,7 @@ from pathlib import Path
 from packedss.analysis.bootstrap import N_RESAMPLES, CI, Comparison, compare, paired_bootstrap
 from packedss.analysis.compare import Comparisons
 from packedss.analysis.load import Loaded, load_records
-from packedss.analysis.metrics import aggregate, per_question
+from packedss.analysis.metrics import aggregate, per_question, per_response
 
 __all__ = [
     "CI",
@@ -29,6 +29,7 @@ __all__ = [
     "load_results",
     "paired_bootstrap",
     "per_question",
+    "per_response",
     "record_sources",
     "records_dir",
 ]
@@ -42,12 +43,17 @@ def records_dir(results_dir: str | Path) -> Path:
 
 @dataclass
 class Results:
-    """A loaded results folder: the records, their per-question rows and the comparisons cache."""
+    """A loaded results folder: the records, their per-response and per-question rows and the
+    comparisons cache."""
 
     path: Path
     loaded: Loaded
     comparisons: Comparisons
     written: list[Path] = field(default_factory=list)
+
+    @property
+    def per_response(self):
+        return self.comparisons.responses
 
     @property
     def per_question(self):
@@ -66,7 +72,7 @@ def record_sources(results_dir: str | Path, extra_records=()) -> list[Path]:
 
 def load_results(results_dir: str | Path, n_resamples: int = N_RESAMPLES, extra_records=()) -> Results:
     loaded = load_records(record_sources(results_dir, extra_records))
-    return Results(Path(results_dir), loaded, Comparisons(per_question(loaded.frame), n_resamples))
+    return Results(Path(results_dir), loaded, Comparisons(per_response(loaded.frame), n_resamples))
 
 
 def analyse(
@@ -79,15 +85,21 @@ def analyse(
     extra_records=(),
 ) -> Results:
     """Write the requested tables (default: all) and figures (default: all) under
-    `<out_dir or results_dir>/tables` and `/figures`. `extra_records`: further record files or
-    folders to read besides `<results_dir>/records` (e.g. a figure drawn from several tables' runs)."""
+    `<out_dir or results_dir>/tables` and `/figures`; whenever tables are written, the per-run
+    summary (`runs`, every run of every family) is written too. `extra_records`: further record
+    files or folders to read besides `<results_dir>/records` (e.g. a figure drawn from several
+    tables' runs)."""
     from packedss.analysis.figures import FIGURES, make_figure, write_figure
+    from packedss.analysis.measured_tables import runs_table
     from packedss.analysis.render import write_table
     from packedss.analysis.tables import TABLES
 
     results = load_results(results_dir, n_resamples, extra_records)
     out = Path(out_dir) if out_dir is not None else Path(results_dir)
-    for number in TABLES if tables is None else tables:
+    numbers = list(TABLES) if tables is None else list(tables)
+    if numbers:
+        results.written += write_table(runs_table(results.per_question), out / "tables")
+    for number in numbers:
         table = TABLES[number].function(results.per_question, results.comparisons, compare_paper)
         results.written += write_table(table, out / "tables")
     for number in FIGURES if figures is None else figures:

@@ -1,19 +1,25 @@
 """Paired comparisons by question with 95% paired bootstrap confidence intervals (SPEC §6).
 
-Pairs: the per-question rows (repeats already averaged, see `metrics.per_question`) of two runs
-are joined on (question_id, seed); only questions present in both runs are paired, and the
-number of pairs is reported with every comparison. When the two runs use different single seeds
-(e.g. seed 0 against seed 1) they are paired by question alone.
+Pairs: the per-response rows (repeats already averaged, see `metrics.per_response`) of two runs
+are joined on (question_id, sample, seed); only question-samples present in both runs are
+paired, and the number of pairs is reported with every comparison. When the two runs use
+different single seeds (e.g. seed 0 against seed 1) they are paired by (question_id, sample).
 
-Statistics, each resampled over the same paired questions:
+Statistics over the pairs:
 - Δwall = mean(wall_method - wall_base) (seconds)
 - throughput ratio = (Σtok_m / Σwall_m) / (Σtok_b / Σwall_b) (a ratio of sums)
 - NFE ratio = ΣNFE_m / ΣNFE_b
 - accuracy difference = 100 * mean(correct_m - correct_b) (percentage points; only pairs where
   both runs are scored)
 
-CIs: `scipy.stats.bootstrap(..., paired=True, method="BCa")` with `rng=np.random.default_rng(0)`
-and `N_RESAMPLES` resamples. When BCa is undefined (a degenerate bootstrap distribution, e.g.
+The paper's T = 1 protocol draws K samples per question; the samples of one question are not
+independent (they share the question's difficulty), so the bootstrap resamples QUESTIONS and
+keeps all K samples of a question together. Each statistic is written over per-question sums
+(Σ over the question's pairs, and the pair count), which gives exactly the pair-level value for
+any set of questions; with one sample per question this is the ordinary paired bootstrap.
+
+CIs: `scipy.stats.bootstrap(..., paired=True, method="BCa")` over questions, with
+`rng=np.random.default_rng(0)` and `N_RESAMPLES` resamples. When BCa is undefined (a degenerate bootstrap distribution, e.g.
 identical inputs) the percentile interval is used instead; a constant statistic gives [x, x].
 No warning leaks out.
 """
@@ -39,7 +45,8 @@ BATCH = 500  # resamples evaluated at once (bounds memory on large question sets
 class CI:
     """A point estimate and its confidence interval. `method` says how the interval was made:
     "BCa", "percentile" (BCa undefined), "constant" (every resample gives the estimate) or
-    "none" (fewer than two pairs: no interval)."""
+    "none" (fewer than two resampled units: no interval). `n`: the units resampled (questions,
+    for comparisons)."""
 
     estimate: float
     low: float
@@ -101,9 +108,14 @@ def paired_bootstrap(
     return CI(estimate, estimate, estimate, n, "constant")
 
 
-# Vectorised statistics (the resample axis is the last one).
-def mean_difference(method: np.ndarray, base: np.ndarray, axis: int = -1) -> np.ndarray:
-    return np.mean(method - base, axis=axis)
+# Vectorised statistics over per-question sums (the resample axis is the last one).
+def mean_difference(method: np.ndarray, base: np.ndarray, pairs: np.ndarray, axis: int = -1) -> np.ndarray:
+    """mean(method - base) over the pairs, from per-question sums and pair counts."""
+    return (np.sum(method, axis=axis) - np.sum(base, axis=axis)) / np.sum(pairs, axis=axis)
+
+
+def points_difference(method: np.ndarray, base: np.ndarray, pairs: np.ndarray, axis: int = -1) -> np.ndarray:
+    return 100.0 * mean_difference(method, base, pairs, axis)
 
 
 def ratio_of_sums(
@@ -116,45 +128,63 @@ def sum_ratio(method: np.ndarray, base: np.ndarray, axis: int = -1) -> np.ndarra
     return np.sum(method, axis=axis) / np.sum(base, axis=axis)
 
 
-def points_difference(method: np.ndarray, base: np.ndarray, axis: int = -1) -> np.ndarray:
-    return 100.0 * np.mean(method - base, axis=axis)
-
-
 @dataclass(frozen=True)
 class Comparison:
-    """Method vs baseline over the questions both runs answered."""
+    """Method vs baseline over the question-samples both runs answered."""
 
-    pairs: int
+    pairs: int  # question-sample pairs
+    questions: int  # the units the bootstrap resamples
+    scored_pairs: int  # pairs where both responses are scored (0 for speed-only tasks)
     delta_wall: CI
     throughput_ratio: CI
     nfe_ratio: CI
     wall_ratio: CI
-    accuracy_diff: CI  # n = scored pairs (0 for speed-only tasks)
+    accuracy_diff: CI
+
+
+PAIRED_FIELDS = ("output_tokens", "wall_s", "nfe_total", "correct_f")
 
 
 def pair(method: pd.DataFrame, base: pd.DataFrame) -> pd.DataFrame:
-    """Per-question rows of two runs joined by question (and seed): columns suffixed _m and _b."""
-    columns = ["question_id", "seed", "output_tokens", "wall_s", "model_s", "nfe_total", "correct_f"]
+    """Per-response rows of two runs joined by question and sample (and seed): columns suffixed
+    _m and _b."""
+    columns = ["question_id", "sample", "seed", *PAIRED_FIELDS]
     m, b = method[columns], base[columns]
-    joined = m.merge(b, on=["question_id", "seed"], suffixes=("_m", "_b"))
+    joined = m.merge(b, on=["question_id", "sample", "seed"], suffixes=("_m", "_b"))
     if joined.empty and m["seed"].nunique() == 1 and b["seed"].nunique() == 1:
-        joined = m.drop(columns="seed").merge(b.drop(columns="seed"), on="question_id", suffixes=("_m", "_b"))
-    return joined.sort_values("question_id", kind="stable").reset_index(drop=True)
+        joined = m.drop(columns="seed").merge(b.drop(columns="seed"), on=["question_id", "sample"], suffixes=("_m", "_b"))
+    return joined.sort_values(["question_id", "sample"], kind="stable").reset_index(drop=True)
+
+
+def question_sums(joined: pd.DataFrame) -> pd.DataFrame:
+    """One row per question: the sums of its pairs' fields and its pair count (`pairs`)."""
+    fields = [f"{name}_{side}" for name in PAIRED_FIELDS if name != "correct_f" for side in "mb"]
+    grouped = joined.groupby("question_id", sort=True)
+    return grouped[fields].sum().join(grouped.size().rename("pairs")).reset_index()
 
 
 def compare(method: pd.DataFrame, base: pd.DataFrame, n_resamples: int = N_RESAMPLES) -> Comparison:
     joined = pair(method, base)
-    tok_m, tok_b = joined["output_tokens_m"].to_numpy(float), joined["output_tokens_b"].to_numpy(float)
-    wall_m, wall_b = joined["wall_s_m"].to_numpy(float), joined["wall_s_b"].to_numpy(float)
-    nfe_m, nfe_b = joined["nfe_total_m"].to_numpy(float), joined["nfe_total_b"].to_numpy(float)
+    sums = question_sums(joined)
+
+    def column(name: str, frame: pd.DataFrame = sums) -> np.ndarray:
+        return frame[name].to_numpy(float)
+
     scored = joined.dropna(subset=["correct_f_m", "correct_f_b"])
+    correct = scored.groupby("question_id", sort=True).agg(
+        correct_m=("correct_f_m", "sum"), correct_b=("correct_f_b", "sum"), pairs=("correct_f_m", "size")
+    )
     return Comparison(
         pairs=len(joined),
-        delta_wall=paired_bootstrap(mean_difference, (wall_m, wall_b), n_resamples),
-        throughput_ratio=paired_bootstrap(ratio_of_sums, (tok_m, wall_m, tok_b, wall_b), n_resamples),
-        nfe_ratio=paired_bootstrap(sum_ratio, (nfe_m, nfe_b), n_resamples),
-        wall_ratio=paired_bootstrap(sum_ratio, (wall_m, wall_b), n_resamples),
+        questions=len(sums),
+        scored_pairs=len(scored),
+        delta_wall=paired_bootstrap(mean_difference, (column("wall_s_m"), column("wall_s_b"), column("pairs")), n_resamples),
+        throughput_ratio=paired_bootstrap(
+            ratio_of_sums, (column("output_tokens_m"), column("wall_s_m"), column("output_tokens_b"), column("wall_s_b")), n_resamples
+        ),
+        nfe_ratio=paired_bootstrap(sum_ratio, (column("nfe_total_m"), column("nfe_total_b")), n_resamples),
+        wall_ratio=paired_bootstrap(sum_ratio, (column("wall_s_m"), column("wall_s_b")), n_resamples),
         accuracy_diff=paired_bootstrap(
-            points_difference, (scored["correct_f_m"].to_numpy(float), scored["correct_f_b"].to_numpy(float)), n_resamples
+            points_difference, (column("correct_m", correct), column("correct_b", correct), column("pairs", correct)), n_resamples
         ),
     )

@@ -1,13 +1,16 @@
 """Which runs are compared with which (the paired tables 10-13 and figures 3-4).
 
-A *setting* is everything that must match between two compared runs: model, task, temperature,
-verification rule, LoRA, and for the any-order family also the window W and the verification
-order (native decoding is compared within the LTR order). In the LTR family the schedules of a
-setting may use different widths (the paper compares Packed-SS at B = 32 with Quadratic-SS at
-B = 8): when each of the two schedules has exactly one width they are compared as they are;
-when either has several widths, only equal widths are compared and the setting is labelled with
-its W. When Packed-SS ran both with and without `pad_verify`, the padded run (the paper's
-counting) is compared.
+A *setting* is everything that must match between two compared runs: family, model, task,
+temperature, verification rule, LoRA, and for a family with verification orders (SetDLM) also
+the window W and the order group. A lossy schedule (native decoding) has no order: `load` keeps
+one run of it per setting, and it is compared within the family's first order group (LTR, as
+the paper's Tables 8-9 list it), never in two groups, so each of its comparisons has exactly
+questions x samples pairs. In a family without orders (Nemotron) the schedules of a setting may
+use different widths (the paper compares Packed-SS at B = 32 with Quadratic-SS at B = 8): when
+each of the two schedules has exactly one width they are compared as they are; when either has
+several widths, only equal widths are compared and the setting is labelled with its W. When
+Packed-SS ran both with and without `pad_verify`, the padded run (the paper's counting) is
+compared.
 """
 
 from __future__ import annotations
@@ -17,10 +20,10 @@ from dataclasses import dataclass
 import pandas as pd
 
 from packedss.analysis.bootstrap import N_RESAMPLES, Comparison, compare
-from packedss.analysis.metrics import MODEL_SHORT, ORDER_LABELS, task_label
+from packedss.analysis.metrics import MODEL_SHORT, ORDER_LABELS, family_orders, per_question, task_label
 
-LTR_SETTING = ("model", "task", "temperature", "verify", "lora")
-ANYORDER_SETTING = LTR_SETTING + ("width", "order_group")
+SETTING = ("model", "task", "temperature", "verify", "lora")
+ORDERED_SETTING = SETTING + ("width", "order_group")
 
 
 @dataclass(frozen=True)
@@ -33,8 +36,8 @@ class Pairing:
     temperature: float
     verify: str
     lora: bool
-    width: int | None  # set when the comparison is at one width (any-order, or split LTR)
-    order: str  # any-order verification order group ("" for LTR)
+    width: int | None  # set when the comparison is at one width (families with orders, or split widths)
+    order: str  # verification order group ("" for families without orders)
     method: str
     base: str
     method_width: int
@@ -43,7 +46,7 @@ class Pairing:
     @property
     def setting_label(self) -> str:
         """The paper's "Setting": "3B MBPP" (Nemotron) or "W=8 LTR" (SetDLM)."""
-        if self.family == "anyorder":
+        if family_orders(self.family):
             return f"W={self.width} {ORDER_LABELS.get(self.order, self.order)}"
         label = f"{MODEL_SHORT.get(self.model, self.model)} {task_label(self.task)}"
         if self.width is not None:
@@ -54,29 +57,31 @@ class Pairing:
 
 
 class Comparisons:
-    """Per-question rows of every run, and a cache of paired comparisons between them."""
+    """Per-response rows of every run (for pairing), their per-question rows (for tables), and a
+    cache of paired comparisons."""
 
-    def __init__(self, per_question: pd.DataFrame, n_resamples: int = N_RESAMPLES):
-        self.pq = per_question
+    def __init__(self, responses: pd.DataFrame, n_resamples: int = N_RESAMPLES):
+        self.responses = responses
+        self.pq = per_question(responses)
         self.n_resamples = n_resamples
         self._cache: dict[Pairing, Comparison] = {}
 
     def runs(self, pairing: Pairing, which: str) -> pd.DataFrame:
         schedule = pairing.method if which == "method" else pairing.base
         width = pairing.method_width if which == "method" else pairing.base_width
-        pq = self.pq
+        rows = self.responses
         mask = (
-            (pq["family"] == pairing.family)
-            & (pq["model"] == pairing.model)
-            & (pq["task"] == pairing.task)
-            & (pq["temperature"] == pairing.temperature)
-            & (pq["verify"] == pairing.verify)
-            & (pq["lora"] == pairing.lora)
-            & (pq["schedule"] == schedule)
-            & (pq["width"] == width)
-            & (pq["order_group"] == pairing.order)
+            (rows["family"] == pairing.family)
+            & (rows["model"] == pairing.model)
+            & (rows["task"] == pairing.task)
+            & (rows["temperature"] == pairing.temperature)
+            & (rows["verify"] == pairing.verify)
+            & (rows["lora"] == pairing.lora)
+            & (rows["schedule"] == schedule)
+            & (rows["width"] == width)
+            & (rows["order_group"] == pairing.order)
         )
-        run = pq[mask]
+        run = rows[mask]
         if run["pad_verify"].nunique() > 1:  # both Packed-SS paddings ran: compare the paper's (padded)
             keep = "true" if (run["pad_verify"] == "true").any() else sorted(run["pad_verify"].unique())[0]
             run = run[run["pad_verify"] == keep]
@@ -86,15 +91,16 @@ class Comparisons:
         """Every comparison of schedule `method` against `base` that the records allow."""
         frame = self.pq if frame is None else frame
         out: list[Pairing] = []
-        for family, fam in frame.groupby("family", sort=False):
-            keys = list(ANYORDER_SETTING if family == "anyorder" else LTR_SETTING)
-            for values, group in fam.groupby(keys, sort=True):
+        for family, rows in frame.groupby("family", sort=False):
+            ordered = bool(family_orders(family))
+            keys = list(ORDERED_SETTING if ordered else SETTING)
+            for values, group in rows.groupby(keys, sort=True):
                 setting = dict(zip(keys, values, strict=True))
                 widths_m = sorted(group.loc[group["schedule"] == method, "width"].unique())
                 widths_b = sorted(group.loc[group["schedule"] == base, "width"].unique())
                 if not widths_m or not widths_b:
                     continue
-                if family == "anyorder":
+                if ordered:
                     combos = [(int(setting["width"]), int(setting["width"]), int(setting["width"]))]
                 elif len(widths_m) == 1 and len(widths_b) == 1:
                     combos = [(None, int(widths_m[0]), int(widths_b[0]))]

@@ -1,10 +1,12 @@
 """Figures 3-5 (matplotlib, Agg backend), PNG and PDF, with the data behind each as CSV.
 
-- Figure 3 (T = 0) and Figure 4 (T > 0): per setting (model, task; SetDLM also window and
-  order), each schedule's throughput ratio and NFE ratio to Linear-SS and its accuracy difference
-  to Linear-SS in percentage points, with 95% paired bootstrap CIs as error bars; a dashed line
-  marks 1 (ratios) and 0 (differences).
-- Figure 5: normalized timing decomposition (LTR family, T = 0): each schedule's mean model and
+- Figure 3 (T = 0; Nemotron and SetDLM) and Figure 4 (T > 0; Nemotron, K samples per question):
+  per setting (model, task; SetDLM also window and order), each schedule's throughput ratio and
+  NFE ratio to Linear-SS and its accuracy difference to Linear-SS in percentage points, with 95%
+  paired bootstrap CIs (over questions) as error bars; a dashed line marks 1 (ratios) and 0
+  (differences). A speed-only task (WritingBench) has its own setting with the ratios and "n/a"
+  for accuracy.
+- Figure 5: normalized timing decomposition (Nemotron, T = 0): each schedule's mean model and
   non-model time per response divided by that task's Linear-SS mean total, over the questions all
   schedules answered, averaged over the tasks with equal weight (GSM8K and MATH-500 when present,
   else every task) within each model; a dashed line marks Linear-SS's total.
@@ -27,9 +29,12 @@ from matplotlib.patches import Patch  # noqa: E402
 from packedss.analysis.compare import Comparisons, Pairing  # noqa: E402
 from packedss.analysis.metrics import (  # noqa: E402
     MODEL_SHORT,
-    SCHEDULE_COLOURS,
+    block_of,
+    family_orders,
+    family_rank,
     model_label,
     order_rank,
+    schedule_colour,
     schedule_label,
     schedule_rank,
     sort_schedules,
@@ -37,6 +42,7 @@ from packedss.analysis.metrics import (  # noqa: E402
     task_label,
     task_rank,
 )
+from packedss.analysis.select import NEMOTRON, SETDLM  # noqa: E402
 
 FIGURE5_TASKS = ("gsm8k", "math500")
 
@@ -50,28 +56,33 @@ class Figure:
 
 
 def _setting(p: Pairing) -> str:
-    if p.family == "anyorder":
+    if family_orders(p.family):
         return f"{MODEL_SHORT.get(p.model, p.model)} {task_label(p.task)}\n{p.setting_label}"
     return p.setting_label.replace(" ", "\n", 1)
 
 
+# The families each ratio figure shows (the paper's Figure 3: Nemotron and SetDLM; Figure 4: Nemotron).
+RATIO_FAMILIES = {False: (NEMOTRON, SETDLM), True: (NEMOTRON,)}
+
+
 def ratio_data(comparisons: Comparisons, positive: bool) -> pd.DataFrame:
-    """Long frame: setting, schedule, metric, estimate, low, high, pairs (method vs Linear-SS)."""
+    """Long frame: setting, schedule, metric, estimate, low, high, pairs (method vs Linear-SS;
+    pairs: question-sample pairs, scored pairs for the accuracy difference)."""
     pq = comparisons.pq
     frame = pq[(pq["temperature"] > 0) if positive else (pq["temperature"] == 0)]
-    frame = frame[~frame["lora"]]
+    frame = frame[~frame["lora"] & frame["family"].isin(RATIO_FAMILIES[positive])]
     methods = sort_schedules(s for s in frame["schedule"].unique() if s != "linear")
     rows = []
     pairings = [p for m in methods for p in comparisons.pairings(m, "linear", frame)]
-    pairings.sort(key=lambda p: (p.family != "ltr", p.model, task_rank(p.task), p.temperature, p.verify, p.width or 0, order_rank(p.order)))
+    pairings.sort(key=lambda p: (family_rank(p.family), p.model, task_rank(p.task), p.temperature, p.verify, p.width or 0, order_rank(p.order)))
     for p in pairings:
         c = comparisons.compare(p)
         metrics = {
-            "Throughput ratio": c.throughput_ratio,
-            "NFE ratio": c.nfe_ratio,
-            "Accuracy difference (pp)": c.accuracy_diff,
+            "Throughput ratio": (c.throughput_ratio, c.pairs),
+            "NFE ratio": (c.nfe_ratio, c.pairs),
+            "Accuracy difference (pp)": (c.accuracy_diff, c.scored_pairs),
         }
-        for metric, ci in metrics.items():
+        for metric, (ci, pairs) in metrics.items():
             rows.append(
                 {
                     "setting": _setting(p),
@@ -80,7 +91,7 @@ def ratio_data(comparisons: Comparisons, positive: bool) -> pd.DataFrame:
                     "estimate": ci.estimate,
                     "low": ci.low,
                     "high": ci.high,
-                    "pairs": ci.n,
+                    "pairs": pairs,
                     "ci_method": ci.method,
                 }
             )
@@ -121,9 +132,9 @@ def ratio_figure(number: int, comparisons: Comparisons, positive: bool) -> Figur
             yerr = np.vstack([np.clip(est - low, 0, None), np.clip(high - est, 0, None)])
             positions = x - 0.4 + width * (k + 0.5)
             if reference == 1.0:
-                ax.bar(positions, est - 1.0, width * 0.9, bottom=1.0, color=SCHEDULE_COLOURS.get(schedule, "#555555"), label=schedule_label(schedule))
+                ax.bar(positions, est - 1.0, width * 0.9, bottom=1.0, color=schedule_colour(schedule), label=schedule_label(schedule))
             else:
-                ax.bar(positions, est, width * 0.9, color=SCHEDULE_COLOURS.get(schedule, "#555555"), label=schedule_label(schedule))
+                ax.bar(positions, est, width * 0.9, color=schedule_colour(schedule), label=schedule_label(schedule))
             ax.errorbar(positions, est, yerr=yerr, fmt="none", ecolor="black", elinewidth=1, capsize=3)
             if metric.startswith("Accuracy"):
                 ran = rows["pairs"].notna().to_numpy()
@@ -141,7 +152,7 @@ def ratio_figure(number: int, comparisons: Comparisons, positive: bool) -> Figur
             ax.set_ylim(lo - pad, hi + pad)
     axes[-1].set_xticks(x, settings)
     axes[-1].set_xlabel("Setting (model, task)")
-    handles = [Patch(color=SCHEDULE_COLOURS.get(s, "#555555"), label=schedule_label(s)) for s in schedules]
+    handles = [Patch(color=schedule_colour(s), label=schedule_label(s)) for s in schedules]
     axes[0].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, title="vs Linear-SS")
     fig.suptitle(title, fontsize=11)
     fig.text(0.01, 0.005, "Error bars: 95% paired bootstrap CIs. n/a: speed-only task (no accuracy).", fontsize=8, color="#444444")
@@ -153,7 +164,7 @@ def ratio_figure(number: int, comparisons: Comparisons, positive: bool) -> Figur
 def timing_data(pq: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     """Figure 5's numbers: model, schedule, label, model_frac, nonmodel_frac, tasks."""
     notes: list[str] = []
-    frame = pq[(pq["family"] == "ltr") & (pq["temperature"] == 0) & (~pq["lora"])]
+    frame = pq[(pq["family"] == NEMOTRON) & (pq["temperature"] == 0) & (~pq["lora"])]
     rows = []
     for model, mf in frame.groupby("model", sort=True):
         several = bool((mf.groupby("schedule")["width"].nunique() > 1).any())
@@ -179,7 +190,7 @@ def timing_data(pq: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
                 if common:
                     g, ref = g[g["question_id"].isin(common)], ref[ref["question_id"].isin(common)]
                 total = float(ref["wall_s"].mean())
-                label = schedule_label(schedule) + (f"\nB={width + 1}" if several else "")
+                label = schedule_label(schedule) + (f"\nB={block_of(NEMOTRON, width)}" if several else "")
                 per_task.append(
                     {
                         "model": model,
@@ -214,7 +225,7 @@ def timing_data(pq: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
 def timing_figure(pq: pd.DataFrame) -> Figure:
     data, notes = timing_data(pq)
     if data.empty:
-        message = "No LTR-family runs at T = 0 with Linear-SS in this results folder."
+        message = "No Nemotron runs at T = 0 with Linear-SS in this results folder."
         return Figure(5, _empty_figure(5, message), data, notes + [message])
     models = list(dict.fromkeys(data["model"]))
     bars = int(data.groupby("model").size().max())
@@ -224,7 +235,7 @@ def timing_figure(pq: pd.DataFrame) -> Figure:
     for ax, model in zip(axes[0], models, strict=True):
         sub = data[data["model"] == model]
         x = np.arange(len(sub))
-        colours = [SCHEDULE_COLOURS.get(s, "#555555") for s in sub["schedule"]]
+        colours = [schedule_colour(s) for s in sub["schedule"]]
         ax.bar(x, sub["model_frac"], 0.6, color=colours, edgecolor="black", linewidth=0.6)
         ax.bar(x, sub["nonmodel_frac"], 0.6, bottom=sub["model_frac"], color=colours, alpha=0.35, hatch="//", edgecolor="black", linewidth=0.6)
         for xi, total in zip(x, sub["total_frac"], strict=True):

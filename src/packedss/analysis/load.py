@@ -3,6 +3,12 @@
 Every line is validated with `packedss.records.read_records`; a bad line is reported (file and
 line number) and skipped, never dropped silently. Warm-up records (`warmup: true`) are excluded
 and counted. Optional fields are given their defaults so that every frame has the same columns.
+
+A second record of the same run, question, sample and repeat is a duplicate: the first one read
+is kept. A lossy schedule (native decoding) does not verify, so it has no verification order:
+its runs under several orders decode the same responses, and only the run of the family's first
+order present is kept (the others are counted, not silently merged), so that no comparison
+counts a question-sample twice.
 """
 
 from __future__ import annotations
@@ -15,13 +21,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from packedss.families import FAMILIES
 from packedss.records import RECORD_FIELDS, BadLine, read_records
 
 log = logging.getLogger(__name__)
 
 # Optional record fields and their values when a record does not carry them.
 OPTIONAL_DEFAULTS = {
-    "family": "ltr",
+    "sample": 0,
+    "task_config": None,
     "lossy": False,
     "lora": False,
     "warmup": False,
@@ -32,7 +40,7 @@ OPTIONAL_DEFAULTS = {
 }
 
 # Columns that identify one run (one configuration); a question's records within a run differ
-# only in `repeat`.
+# only in `sample` and `repeat`.
 RUN_KEYS = ("model", "task", "schedule", "width", "temperature", "verify", "order", "seed", "family", "lora", "pad_verify")
 
 
@@ -44,6 +52,7 @@ class Loaded:
     bad_lines: list[BadLine] = field(default_factory=list)
     warmup_skipped: int = 0
     duplicates_skipped: int = 0
+    unverified_orders_skipped: int = 0
     files: list[Path] = field(default_factory=list)
 
     def report(self) -> str:
@@ -51,7 +60,12 @@ class Loaded:
         if self.warmup_skipped:
             lines.append(f"{self.warmup_skipped} warm-up records excluded")
         if self.duplicates_skipped:
-            lines.append(f"{self.duplicates_skipped} duplicate records (same run, question, repeat) skipped")
+            lines.append(f"{self.duplicates_skipped} duplicate records (same run, question, sample, repeat) skipped")
+        if self.unverified_orders_skipped:
+            lines.append(
+                f"{self.unverified_orders_skipped} records of a lossy schedule (native) under a second verification "
+                "order skipped: it has no order, one run per setting is kept"
+            )
         for bad in self.bad_lines:
             lines.append(f"bad line skipped: {bad}")
         return "\n".join(lines)
@@ -72,7 +86,7 @@ def find_record_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
     return files
 
 
-def _normalise(frame: pd.DataFrame) -> pd.DataFrame:
+def normalise(frame: pd.DataFrame) -> pd.DataFrame:
     for name, default in OPTIONAL_DEFAULTS.items():
         if name not in frame:
             frame[name] = [default] * len(frame)
@@ -83,9 +97,10 @@ def _normalise(frame: pd.DataFrame) -> pd.DataFrame:
     frame["width"] = frame["width"].astype(int)
     frame["temperature"] = frame["temperature"].astype(float)
     frame["seed"] = frame["seed"].astype(int)
+    frame["sample"] = frame["sample"].astype(int)
     frame["repeat"] = frame["repeat"].astype(int)
     frame["question_id"] = frame["question_id"].astype(str)
-    # verify only matters when T > 0, order only for the any-order family: keep them as strings
+    # verify only matters when T > 0, order only for families with orders: keep them as strings
     # ("" when absent) so that they group cleanly.
     frame["verify"] = np.where(frame["temperature"] > 0, frame["verify"].fillna("").astype(str), "")
     frame["order"] = frame["order"].fillna("").astype(str)
@@ -123,11 +138,34 @@ def load_records(paths: str | Path | Iterable[str | Path]) -> Loaded:
                 continue
             rows.append(record | {"source": str(path)})
     if not rows:
-        return Loaded(empty_frame(), bad, warmup, 0, files)
-    frame = _normalise(pd.DataFrame(rows))
-    keys = list(RUN_KEYS) + ["question_id", "repeat"]
+        return Loaded(empty_frame(), bad, warmup, files=files)
+    frame = normalise(pd.DataFrame(rows))
+    keys = list(RUN_KEYS) + ["question_id", "sample", "repeat"]
     duplicated = frame.duplicated(subset=keys, keep="first")
     for _, row in frame[duplicated].iterrows():
-        log.warning("duplicate record skipped: %s (question %s, repeat %s)", row["source"], row["question_id"], row["repeat"])
+        log.warning("duplicate record skipped: %s (question %s, sample %s, repeat %s)", row["source"], row["question_id"], row["sample"], row["repeat"])
     frame = frame[~duplicated].reset_index(drop=True)
-    return Loaded(frame, bad, warmup, int(duplicated.sum()), files)
+    second_order = _unverified_second_orders(frame)
+    for _, row in frame[second_order].iterrows():
+        log.warning("native record under a second order skipped: %s (order %s)", row["source"], row["order"])
+    frame = frame[~second_order].reset_index(drop=True)
+    return Loaded(frame, bad, warmup, int(duplicated.sum()), int(second_order.sum()), files)
+
+
+def _order_rank(family: str, order: str) -> int:
+    orders = FAMILIES[family].orders if family in FAMILIES else ()
+    return orders.index(order) if order in orders else len(orders)
+
+
+def _unverified_second_orders(frame: pd.DataFrame) -> pd.Series:
+    """Records of a lossy schedule whose run (everything but the order) also ran under an
+    earlier order of its family: True for the records to leave out."""
+    lossy = frame[frame["lossy"]]
+    drop = pd.Series(False, index=frame.index)
+    if lossy.empty:
+        return drop
+    setting = [k for k in RUN_KEYS if k != "order"]
+    for _, run in lossy.groupby(setting, sort=False, dropna=False):
+        orders = sorted(run["order"].unique(), key=lambda o: (_order_rank(run["family"].iloc[0], o), o))
+        drop[run.index[run["order"] != orders[0]]] = True
+    return drop

@@ -1,9 +1,12 @@
-"""The paper's aggregates (SPEC §6) and the labels used in tables and figures.
+"""The paper's aggregates (SPEC §6), per-family facts read from the family table, and the labels
+used in tables and figures.
 
-Repeats: a run may time each question several times (`repeat`). Before anything else, the
-records of one question within one run are collapsed to one row: wall, model and non-model
-time, tokens, NFE and correctness are averaged over the repeats (at T = 0 tokens and NFE are
-identical across repeats). Rates then use aggregate totals over these per-question rows:
+Samples and repeats: a run at T > 0 may decode K independent samples of each question
+(`sample`), and may time each response several times (`repeat`). `per_response` collapses the
+repeats of one response (wall, model and non-model time, tokens, NFE and correctness averaged;
+tokens and NFE are identical across repeats); `per_question` then averages the samples of one
+question, so that every question weighs the same. Rates use aggregate totals over these
+per-question rows:
 
 - Tokens/s = total tokens / total wall
 - Tokens/NFE = total tokens / total NFE
@@ -15,12 +18,15 @@ identical across repeats). Rates then use aggregate totals over these per-questi
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pandas as pd
 
 from packedss.analysis.load import RUN_KEYS
+from packedss.families import FAMILIES, schedule_names
 
-SCHEDULE_ORDER = ("ar", "linear", "quadratic", "packed", "native")
+# Display labels by schedule name; a schedule without one is shown by its name.
 SCHEDULE_LABELS = {
     "ar": "AR",
     "linear": "Linear-SS",
@@ -28,7 +34,7 @@ SCHEDULE_LABELS = {
     "packed": "Packed-SS",
     "native": "Native",
 }
-# One colour per schedule, used by every figure.
+# One colour per schedule, used by every figure (OTHER_COLOUR for a schedule without one).
 SCHEDULE_COLOURS = {
     "ar": "#000000",
     "linear": "#8c8c8c",
@@ -36,6 +42,7 @@ SCHEDULE_COLOURS = {
     "packed": "#1f77b4",
     "native": "#2ca02c",
 }
+OTHER_COLOUR = "#555555"
 MODEL_LABELS = {
     "nemotron3b": "Nemotron 3B",
     "nemotron8b": "Nemotron 8B",
@@ -58,7 +65,7 @@ ORDER_LABELS = {"ltr": "LTR", "confidence": "Confidence"}
 
 ABSOLUTE_COLUMNS = ("Tokens/s", "Tokens/NFE", "Time/NFE (ms)", "Accuracy (%)", "Tokens", "Wall (s)", "NFE")
 
-PER_QUESTION_MEANS = ("output_tokens", "wall_s", "model_s", "nonmodel_s", "nfe_total", "correct_f")
+MEANS = ("output_tokens", "wall_s", "model_s", "nonmodel_s", "nfe_total", "correct_f")
 
 
 def model_label(model: str) -> str:
@@ -73,27 +80,65 @@ def schedule_label(schedule: str) -> str:
     return SCHEDULE_LABELS.get(schedule, schedule)
 
 
+def schedule_colour(schedule: str) -> str:
+    return SCHEDULE_COLOURS.get(schedule, OTHER_COLOUR)
+
+
+def family_orders(family: str) -> tuple[str, ...]:
+    """The verification orders of a family (none for a family the table does not know)."""
+    return FAMILIES[family].orders if family in FAMILIES else ()
+
+
+def block_of(family: str, width: int) -> float:
+    """B, the rows of one draft block at width W, by the family's rule (NaN: unknown family)."""
+    return FAMILIES[family].block_of_width(int(width)) if family in FAMILIES else math.nan
+
+
+def calls_per_iteration(family: str, schedule: str) -> int:
+    """Model calls per iteration after prefill; a family or schedule the table does not know
+    counts each call as one iteration."""
+    return FAMILIES[family].calls_per_iteration.get(schedule, 1) if family in FAMILIES else 1
+
+
 def order_group(frame: pd.DataFrame) -> pd.Series:
-    """The verification order a record belongs to in the any-order tables: native decoding has no
-    verification and is shown with LTR verification (paper Tables 8-9); the LTR family has none."""
-    group = frame["order"].where(frame["order"] != "", "ltr")
-    group = group.where(frame["schedule"] != "native", "ltr")
-    return group.where(frame["family"] == "anyorder", "")
+    """The verification order a record belongs to in the tables of families with orders: a lossy
+    schedule (native decoding) has no verification and is shown with the family's first order
+    (paper Tables 8-9: with LTR verification); families without orders have none ("")."""
+    first = frame["family"].map(lambda f: (family_orders(f) or ("",))[0])
+    group = frame["order"].where(frame["order"] != "", first)
+    group = group.where(~frame["lossy"].astype(bool), first)
+    return group.where(frame["family"].map(lambda f: bool(family_orders(f))), "")
 
 
-def per_question(frame: pd.DataFrame) -> pd.DataFrame:
-    """One row per (run, question): repeats averaged. Keeps the list fields of the first repeat
-    (rows per call do not depend on timing) and counts the repeats."""
+def _collapse(frame: pd.DataFrame, keys: list[str], count: str) -> pd.DataFrame:
+    grouped = frame.groupby(keys, sort=False, dropna=False)
+    means = grouped[list(MEANS)].mean()
+    firsts = grouped.first()
+    firsts = firsts.drop(columns=[c for c in firsts.columns if c in MEANS or c in ("repeats", "samples")])
+    counts = grouped.size().rename(count)
+    return means.join(firsts).join(counts).reset_index()
+
+
+def per_response(frame: pd.DataFrame) -> pd.DataFrame:
+    """One row per (run, question, sample): timing repeats averaged, counted in `repeats`. The
+    per-call list fields are those of the first repeat (rows per call do not depend on timing)."""
     if frame.empty:
         return frame.assign(repeats=pd.Series(dtype=int), order_group=pd.Series(dtype=str))
-    keys = list(RUN_KEYS) + ["question_id"]
-    means = frame.groupby(keys, sort=False, dropna=False)[list(PER_QUESTION_MEANS)].mean()
-    firsts = frame.groupby(keys, sort=False, dropna=False).first()
-    firsts = firsts.drop(columns=[c for c in PER_QUESTION_MEANS if c in firsts.columns])
-    counts = frame.groupby(keys, sort=False, dropna=False).size().rename("repeats")
-    out = means.join(firsts).join(counts).reset_index()
+    out = _collapse(frame, list(RUN_KEYS) + ["question_id", "sample"], "repeats")
     out["order_group"] = order_group(out)
     return out
+
+
+def per_question(responses: pd.DataFrame) -> pd.DataFrame:
+    """One row per (run, question): the samples of `per_response` rows averaged, counted in
+    `samples`; `repeats` is the most repeats of any sample. List fields: the first sample's."""
+    if responses.empty:
+        return responses.assign(samples=pd.Series(dtype=int))
+    keys = list(RUN_KEYS) + ["question_id"]
+    out = _collapse(responses, keys, "samples")
+    most = responses.groupby(keys, sort=False, dropna=False)["repeats"].max().rename("repeats")
+    out = out.merge(most.reset_index(), on=keys, how="left")
+    return out.drop(columns=["sample"])
 
 
 def aggregate(rows: pd.DataFrame) -> dict:
@@ -119,17 +164,13 @@ def aggregate(rows: pd.DataFrame) -> dict:
 
 
 def iteration_rows(record: dict | pd.Series, field: str = "rows_evaluated") -> list[list[int]]:
-    """A per-call list field grouped into iterations after the prefill call(s): Linear-SS's
-    iteration holds two calls, every other schedule's one. Falls back to one call per
-    iteration when the counts do not divide evenly."""
+    """A per-call list field grouped into iterations after the prefill call(s), with as many calls
+    per iteration as the family table gives the schedule (Linear-SS: two)."""
     values = record.get(field) if isinstance(record, dict) else record[field]
     if values is None or (isinstance(values, float) and np.isnan(values)):
         return []
     calls = list(values)[int(record["nfe_prefill"]) :]
-    iterations = int(record["iterations"])
-    per = 1
-    if iterations > 0 and len(calls) % iterations == 0 and len(calls) // iterations >= 1:
-        per = len(calls) // iterations
+    per = calls_per_iteration(record["family"], record["schedule"])
     return [calls[i : i + per] for i in range(0, len(calls), per)]
 
 
@@ -156,7 +197,7 @@ def max_call_rows(rows: pd.DataFrame) -> int | None:
 def model_ms_per_iteration(rows: pd.DataFrame) -> float:
     """Model execution time per iteration (ms). With a per-call time list (`call_model_s`) the
     prefill calls are left out; records without it give Σ model_s / Σ iterations, prefill
-    included (our reading; see the README)."""
+    included (our reading; see docs/analysis.md)."""
     iterations = float(rows["iterations"].sum())
     if iterations <= 0:
         return np.nan
@@ -166,16 +207,27 @@ def model_ms_per_iteration(rows: pd.DataFrame) -> float:
     return 1000.0 * float(rows["model_s"].sum()) / iterations
 
 
+def _rank(value: str, order) -> tuple[int, str]:
+    order = tuple(order)
+    return (order.index(value) if value in order else len(order), value)
+
+
 def schedule_rank(schedule: str) -> tuple[int, str]:
-    return (SCHEDULE_ORDER.index(schedule) if schedule in SCHEDULE_ORDER else len(SCHEDULE_ORDER), schedule)
+    return _rank(schedule, schedule_names())
 
 
 def task_rank(task: str) -> tuple[int, str]:
-    return (TASK_ORDER.index(task) if task in TASK_ORDER else len(TASK_ORDER), task)
+    return _rank(task, TASK_ORDER)
+
+
+def family_rank(family: str) -> tuple[int, str]:
+    return _rank(family, FAMILIES)
 
 
 def order_rank(order: str) -> tuple[int, str]:
-    return ({"": 0, "ltr": 0, "confidence": 1}.get(order, 2), order)
+    """"" (no order) first, then the orders in the order the families list them."""
+    orders = [""] + [o for f in FAMILIES.values() for o in f.orders]
+    return _rank(order, dict.fromkeys(orders))
 
 
 def sort_schedules(schedules) -> list[str]:

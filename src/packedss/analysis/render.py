@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from packedss.analysis.tables import Table
+from packedss.analysis.table import Table
 
 
 def markdown(table: Table) -> str:
@@ -54,13 +54,13 @@ def latex(table: Table) -> str:
         lines.append(" & ".join(cells) + r" \\")
     lines += [r"\bottomrule", r"\end{tabular}"]
     caption = " ".join([table.title] + table.notes)
-    lines += [rf"\caption{{{_tex(caption)}}}", rf"\label{{tab:table{table.number}}}", r"\end{table}"]
+    lines += [rf"\caption{{{_tex(caption)}}}", rf"\label{{tab:{table.stem}}}", r"\end{table}"]
     return "\n".join(lines) + "\n"
 
 
 def write_table(table: Table, directory: Path) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
-    stem = directory / f"table{table.number}"
+    stem = directory / table.stem
     paths = [stem.with_suffix(".csv"), stem.with_suffix(".md"), stem.with_suffix(".tex")]
     table.data.to_csv(paths[0], index=False)
     paths[1].write_text(markdown(table), encoding="utf-8")
