@@ -2,7 +2,9 @@
 
 One forward pass per call: a custom additive 4D mask over [KV cache + rows] (transformers
 passes a 4D mask through unchanged), per-row position ids, and a DynamicCache that holds
-the call's KV tentatively until the schedule commits a prefix of its rows (a crop).
+the call's KV tentatively until the schedule commits a prefix of its rows (a crop). With the
+static path on (packedss.models.static.enable_static), the same calls run on a StaticCache
+through compiled fixed-shape graphs instead.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class BackboneAdapter:
         self.device = next(backbone.parameters()).device
         self.dtype = next(backbone.parameters()).dtype
         self.cache = DynamicCache(config=backbone.config)
+        self.static = None  # a packedss.models.static.StaticCalls when the static path is on
         self.proposal_lora = None  # set by packedss.models.lora.attach_proposal_lora
         self._pending_rows: int | None = None
         # Per-call statistics of the last call, read by the decoder's call meter (empty: none).
@@ -48,7 +51,7 @@ class BackboneAdapter:
 
     @property
     def cached_rows(self) -> int:
-        return self.cache.get_seq_length()
+        return self.cache.get_seq_length() if self.static is None else self.static.committed
 
     def _attend_bias(self, attend: torch.Tensor) -> torch.Tensor:
         """The call's own rule as an additive (R, R) block, cached per attend tensor (which
@@ -75,23 +78,28 @@ class BackboneAdapter:
         if self._pending_rows is not None:
             raise RuntimeError("commit() the previous call before running the next one")
         lora_rows = None
+        selected = 0
         if self.proposal_lora is not None:
             lora_rows = call.roles == int(Role.DRAFT)
             selected, evaluated = self.proposal_lora.select(lora_rows)
             self.call_stats = {"lora_rows_selected": selected, "lora_rows_evaluated": evaluated}
         try:
-            out = self.backbone(
-                input_ids=call.tokens[None],
-                position_ids=call.positions[None],
-                attention_mask=self.additive_mask(call),
-                cache=self.cache,
-                use_cache=True,
-            )
+            if self.static is not None:
+                logits = self.static.run(call, self._attend_bias(call.attend), lora=selected > 0)
+            else:
+                out = self.backbone(
+                    input_ids=call.tokens[None],
+                    position_ids=call.positions[None],
+                    attention_mask=self.additive_mask(call),
+                    cache=self.cache,
+                    use_cache=True,
+                )
+                logits = self.head(out.last_hidden_state[0])
         finally:
             if lora_rows is not None:
                 self.proposal_lora.select(None)
         self._pending_rows = call.rows
-        return self.head(out.last_hidden_state[0])
+        return logits
 
     def commit(self, rows: int) -> None:
         if self._pending_rows is None:
@@ -99,12 +107,17 @@ class BackboneAdapter:
         if not 0 <= rows <= self._pending_rows:
             raise ValueError(f"cannot commit {rows} rows of a call of {self._pending_rows}")
         dropped = self._pending_rows - rows
-        if dropped:
+        if self.static is not None:
+            self.static.commit(rows)
+        elif dropped:
             self.cache.crop(-dropped)
         self._pending_rows = None
 
     def reset(self) -> None:
-        self.cache = DynamicCache(config=self.backbone.config)
+        if self.static is not None:
+            self.static.reset()
+        else:
+            self.cache = DynamicCache(config=self.backbone.config)
         self._pending_rows = None
 
     def synchronize(self) -> None:

@@ -1,0 +1,220 @@
+"""The static call path: fixed-shape decode calls on a static KV cache, compiled once per shape.
+
+An eager call on a DynamicCache costs far more than its arithmetic on a small model (the cache
+grows, the mask is rebuilt, every op is dispatched from Python). After prefill, every LTR
+schedule makes calls of one row count (AR 1, Linear-SS B, Packed-SS 2B with pad_verify,
+Quadratic-SS B(B+1)), so each can run one compiled graph:
+
+- the KV cache is transformers' `StaticCache` of `capacity` rows; committing a call moves the
+  committed length, and the rows of an uncommitted call are overwritten by the next call;
+- the committed length lives in a device tensor that the graph copies into every cache layer
+  before it writes the call's rows (so a commit is one host-side update, not one per layer);
+- the attention mask is a fixed-width additive buffer per row count, (1, 1, R, capacity),
+  updated in place: columns below the committed length are 0, the call's own columns hold its
+  (R, R) rule, every other column (cache slots past the committed length) holds the dtype's
+  minimum;
+- the backbone + head forward is compiled with `torch.compile` (static shapes) for a row count
+  once it was seen twice while warm-up is open (`end_warmup` closes it), at most `MAX_GRAPHS`
+  graphs (a LoRA call is its own graph). Shapes first seen later, or past the bound, run the
+  same forward eagerly on the same buffers (counted in `calls["eager"]`), so no compilation ever
+  happens inside a timed decode;
+- prefill (the call on an empty cache) always runs eagerly: its length varies with the prompt.
+
+`reduce-overhead` (CUDA graphs) needs a GPU; on a CPU it runs as `default`, with a logged note.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from torch import nn
+from transformers import PreTrainedModel, StaticCache
+
+from packedss.decoding.calls import Call
+from packedss.errors import PackedSSError
+
+log = logging.getLogger(__name__)
+
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
+MAX_GRAPHS = 8  # compiled graphs per adapter; further shapes run eagerly
+SIGHTINGS_TO_COMPILE = 2  # a shape seen once (e.g. a rare any-order row count) is not worth a graph
+
+
+def largest_call_rows(width: int) -> int:
+    """Rows of the largest call any schedule of either family makes after prefill at width W:
+    LTR Quadratic-SS's B(B+1) = (W+1)(W+2), which bounds the any-order quadratic's (W+1)^2."""
+    return (width + 1) * (width + 2)
+
+
+def static_capacity(longest_prompt: int, max_new_tokens: int, width: int) -> int:
+    """Cache rows the static path needs for a job: the longest prompt, the output cap and the
+    largest call (prefill calls attach at most B rows to the prompt, fewer than the largest call)."""
+    return longest_prompt + max_new_tokens + largest_call_rows(width)
+
+
+class _MaskBuffer:
+    """The (1, 1, R, capacity) additive mask of one row count, updated in place.
+
+    Invariant between calls: columns < `zeros` are 0, columns in [zeros, dirty) may hold an old
+    call's rule, columns >= dirty hold the minimum."""
+
+    def __init__(self, rows: int, capacity: int, dtype: torch.dtype, device: torch.device):
+        self.rows = rows
+        self.minimum = torch.finfo(dtype).min
+        self.values = torch.full((1, 1, rows, capacity), self.minimum, dtype=dtype, device=device)
+        self.grid = self.values[0, 0]
+        self.zeros = 0
+        self.dirty = 0
+        torch._dynamo.mark_static_address(self.values)  # CUDA graphs read it in place
+
+    def fill(self, committed: int, bias: torch.Tensor) -> torch.Tensor:
+        """The mask of a call on `committed` cache rows whose own rule is `bias` (R, R)."""
+        if committed < self.zeros:  # the cache was reset or shrank: mask what is no longer committed
+            self.grid[:, committed : self.dirty].fill_(self.minimum)
+            self.zeros = self.dirty = committed
+        elif committed > self.zeros:
+            self.grid[:, self.zeros : committed].zero_()
+        end = committed + self.rows
+        self.grid[:, committed:end].copy_(bias)
+        if self.dirty > end:
+            self.grid[:, end : self.dirty].fill_(self.minimum)
+        self.zeros, self.dirty = committed, end
+        return self.values
+
+
+class StaticCalls:
+    """Executes calls for a BackboneAdapter on a StaticCache (see the module docstring)."""
+
+    def __init__(self, backbone: PreTrainedModel, head: nn.Module, mode: str, capacity: int):
+        if mode not in COMPILE_MODES or mode == "none":
+            raise PackedSSError(f"invalid compile mode {mode!r} for the static path; valid: {', '.join(COMPILE_MODES[1:])}")
+        if capacity < 1:
+            raise PackedSSError(f"invalid static cache capacity {capacity}; it must hold at least one row")
+        config = backbone.config.get_text_config(decoder=True)
+        kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+        if kinds != {"full_attention"}:
+            raise PackedSSError(
+                f"the static call path needs full-attention layers; this backbone has {sorted(kinds)} "
+                "(run it with model.compile=none)"
+            )
+        parameter = next(backbone.parameters())
+        self.device, self.dtype = parameter.device, parameter.dtype
+        if mode == "reduce-overhead" and self.device.type != "cuda":
+            log.warning("model.compile=reduce-overhead uses CUDA graphs, which need a GPU; on %s it runs as "
+                        "model.compile=default", self.device.type)  # fmt: skip
+            mode = "default"
+        self.mode = mode
+        self.backbone, self.head = backbone, head
+        self.capacity = capacity
+        self.cache = StaticCache(config=config, max_cache_len=capacity)
+        heads = config.num_key_value_heads
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.cache.early_initialization(1, heads, head_dim, self.dtype, self.device)
+        # The committed length as the graph reads it; copied into every cache layer by the forward.
+        self._start = torch.zeros((), dtype=torch.long, device=self.device)
+        torch._dynamo.mark_static_address(self._start)
+        self.committed = 0
+        self._masks: dict[int, _MaskBuffer] = {}
+        self._sightings: dict[tuple[int, bool], int] = {}
+        self._graphs: set[tuple[int, bool]] = set()
+        self.compiling = True  # new shapes may be compiled (the untimed warm-up); see end_warmup
+        self.compile_s: dict[str, float] = {}  # "R rows" (+ " lora") -> seconds of its first compiled call
+        self.calls = {"compiled": 0, "eager": 0, "prefill": 0}
+        # Every graph of every instance is a cache entry of the one `_forward` code object, which
+        # dynamo bounds by recompile_limit (past it, it would silently run eagerly): make room.
+        torch._dynamo.config.recompile_limit += MAX_GRAPHS
+        self._compiled = torch.compile(self._forward, mode=mode, dynamic=False, fullgraph=True)
+
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        for layer in self.cache.layers:  # each layer writes the call's rows from the committed length
+            layer.cumulative_length.copy_(self._start)
+        out = self.backbone(input_ids=tokens, position_ids=positions, attention_mask=mask, cache=self.cache,
+                            use_cache=True)  # fmt: skip
+        return self.head(out.last_hidden_state[0])
+
+    def run(self, call: Call, bias: torch.Tensor, lora: bool) -> torch.Tensor:
+        """Logits (R, V) of `call`, whose own rule as an additive (R, R) block is `bias`; `lora`:
+        the proposal LoRA is switched on for some of its rows. The adapter checks the call order."""
+        rows = call.rows
+        if self.committed + rows > self.capacity:
+            raise PackedSSError(
+                f"the static cache holds {self.capacity} rows, but this call needs {self.committed + rows} "
+                f"({self.committed} committed + {rows}); size it with static_capacity(longest prompt, "
+                "max_new_tokens, width), or use model.compile=none"
+            )
+        mask = self._masks.get(rows)
+        if mask is None:
+            mask = self._masks[rows] = _MaskBuffer(rows, self.capacity, self.dtype, self.device)
+        values = mask.fill(self.committed, bias)
+        tokens, positions = call.tokens[None], call.positions[None]
+        key = (rows, lora)
+        if self.committed == 0:
+            self.calls["prefill"] += 1
+            return self._forward(tokens, positions, values)
+        if key in self._graphs:
+            self.calls["compiled"] += 1
+            return self._run_compiled(tokens, positions, values)
+        if self._admit(key):
+            started = time.perf_counter()
+            logits = self._run_compiled(tokens, positions, values)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.compile_s[f"{rows} rows" + (" lora" if lora else "")] = time.perf_counter() - started
+            self.calls["compiled"] += 1
+            return logits
+        self.calls["eager"] += 1
+        return self._forward(tokens, positions, values)
+
+    def _run_compiled(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        if self.mode == "reduce-overhead":
+            # A CUDA graph's outputs are overwritten by its next replay: hand out a copy.
+            torch.compiler.cudagraph_mark_step_begin()
+            return self._compiled(tokens, positions, mask).clone()
+        return self._compiled(tokens, positions, mask)
+
+    def _admit(self, key: tuple[int, bool]) -> bool:
+        """Whether to compile `key`'s graph now: the warm-up is open, the shape was seen before
+        and the bound allows another graph."""
+        if not self.compiling or len(self._graphs) >= MAX_GRAPHS:
+            return False
+        self._sightings[key] = self._sightings.get(key, 0) + 1
+        if self._sightings[key] < SIGHTINGS_TO_COMPILE:
+            return False
+        self._graphs.add(key)
+        log.info("compiling the %d-row call%s (mode=%s)", key[0], " with LoRA" if key[1] else "", self.mode)
+        return True
+
+    def commit(self, rows: int) -> None:
+        """Keep the first `rows` rows of the last call: the next call writes after them."""
+        if rows:
+            self.committed += rows
+            self._start.fill_(self.committed)
+
+    def reset(self) -> None:
+        self.committed = 0
+        self._start.zero_()
+
+    def end_warmup(self) -> dict[str, float]:
+        """Close compilation (later new shapes run eagerly); the compile seconds per shape."""
+        self.compiling = False
+        return dict(self.compile_s)
+
+
+def enable_static(adapter, mode: str, capacity: int):
+    """Switch a BackboneAdapter (or subclass) to the static call path of `mode` with a cache of
+    `capacity` rows (see static_capacity); mode "none" switches it back to eager DynamicCache
+    calls. Returns the adapter. Compilation stays open until `end_warmup(adapter)`."""
+    if mode not in COMPILE_MODES:
+        raise PackedSSError(f"invalid model.compile={mode!r}; valid: {', '.join(COMPILE_MODES)}")
+    adapter.static = None if mode == "none" else StaticCalls(adapter.backbone, adapter.head, mode, capacity)
+    adapter.reset()
+    return adapter
+
+
+def end_warmup(adapter) -> dict[str, float]:
+    """Close compilation after the untimed warm-up: shapes first seen later run eagerly. Returns
+    the seconds each compiled shape's first call took ({} on the eager path)."""
+    static = getattr(adapter, "static", None)
+    return {} if static is None else static.end_warmup()

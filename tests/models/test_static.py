@@ -1,0 +1,163 @@
+"""The static call path (packedss.models.static): its cache and mask invariants against the eager
+path in float64 on random checkpoints, whole decodes of every schedule, and one small compiled
+shape (the only compile in the suite)."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from packedss.decoding import AnyOrderSettings, LTRSettings, Sampling, decode_anyorder, decode_ltr
+from packedss.decoding.calls import Role, causal_segment, draft_block, pack
+from packedss.decoding.schedules import packed_call, quadratic_call
+from packedss.errors import PackedSSError
+from packedss.models.lora import ProposalLoRA
+from packedss.models.nemotron import load_nemotron
+from packedss.models.setdlm import load_setdlm
+from packedss.models.static import end_warmup, enable_static, static_capacity
+from tests.anyorder_fixtures import SET_EOS, write_random_setdlm
+from tests.conftest import EOS_ID, MASK_ID, TINY_VOCAB, write_random_nemotron
+
+WIDTH = 3
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return write_random_nemotron(tmp_path_factory.mktemp("static-nemotron"), seed=3)
+
+
+def _pair(checkpoint, capacity=64):
+    """(eager adapter, static adapter with compilation closed) over the same float64 weights."""
+    eager = load_nemotron(checkpoint, dtype="float64")
+    static = enable_static(load_nemotron(checkpoint, dtype="float64"), "default", capacity)
+    end_warmup(static)
+    return eager, static
+
+
+def _both(eager, static, call, keep):
+    """Run `call` on both, commit `keep` rows on both; the max abs difference of the logits."""
+    a, b = eager.run(call), static.run(call)
+    eager.commit(keep)
+    static.commit(keep)
+    assert static.cached_rows == eager.cached_rows
+    return (a - b).abs().max().item()
+
+
+def _tokens(generator, count):
+    return torch.randint(4, TINY_VOCAB, (count,), generator=generator)
+
+
+def test_static_calls_equal_eager_calls_through_commits_and_resets(checkpoint):
+    eager, static = _pair(checkpoint)
+    generator = torch.Generator().manual_seed(0)
+    block = WIDTH + 1
+    assert _both(eager, static, pack([causal_segment(_tokens(generator, 9), 0)]), 9) < 1e-9
+    position = 9
+    # Packed calls (2B rows) with commits of 0 rows, a full commit, and partial commits; then
+    # calls of other row counts, whose mask buffers catch up with the commits made meanwhile.
+    for keep in (0, 2 * block, 0, 1, 3, block):
+        call = packed_call(_tokens(generator, 1), _tokens(generator, WIDTH), position, WIDTH, MASK_ID, True)
+        assert _both(eager, static, call, keep) < 1e-9, keep
+        position += keep
+    call = quadratic_call(_tokens(generator, 1), _tokens(generator, WIDTH), position, MASK_ID)
+    assert _both(eager, static, call, 2) < 1e-9
+    position += 2
+    for keep in (0, block):
+        call = pack([draft_block(_tokens(generator, 1), position, WIDTH, MASK_ID)])
+        assert _both(eager, static, call, keep) < 1e-9
+        position += keep
+    # A new response on a shorter prompt: the columns of the old one are masked again.
+    eager.reset()
+    static.reset()
+    assert static.cached_rows == 0
+    assert _both(eager, static, pack([causal_segment(_tokens(generator, 4), 0)]), 4) < 1e-9
+    call = packed_call(_tokens(generator, 1), _tokens(generator, WIDTH - 1), 4, WIDTH, MASK_ID, True)
+    assert _both(eager, static, call, 1) < 1e-9
+    assert static.static.calls == {"compiled": 0, "eager": 10, "prefill": 2}
+
+
+@pytest.mark.parametrize("schedule", ["ar", "linear", "quadratic", "packed"])
+def test_ltr_decodes_on_the_static_path_equal_eager_decodes(checkpoint, schedule):
+    eager = load_nemotron(checkpoint, dtype="float64")
+    prompts = [[5, 9, 11, 30, 7], [4, 4, 12], list(range(4, 20))]
+    max_new = 24
+    static = enable_static(load_nemotron(checkpoint, dtype="float64"), "default",
+                           static_capacity(max(map(len, prompts)), max_new, WIDTH))  # fmt: skip
+    end_warmup(static)
+    settings = LTRSettings(schedule, WIDTH, max_new, (EOS_ID,), Sampling(0.0, "rejection", None))
+    for prompt in prompts:
+        a, b = decode_ltr(eager, prompt, settings), decode_ltr(static, prompt, settings)
+        assert (b.tokens, b.rows_evaluated) == (a.tokens, a.rows_evaluated)
+
+
+@pytest.mark.parametrize("schedule,order", [("packed", "confidence"), ("quadratic", "ltr"), ("native", "ltr")])
+def test_anyorder_decodes_on_the_static_path_equal_eager_decodes(tmp_path, schedule, order):
+    directory = write_random_setdlm(tmp_path / "set", seed=2)
+    eager = load_setdlm(directory, dtype="float64")
+    width, max_new, prompt = 4, 16, [5, 9, 11, 7, 6]
+    static = enable_static(load_setdlm(directory, dtype="float64"), "default", static_capacity(len(prompt), max_new, width))
+    end_warmup(static)
+    settings = AnyOrderSettings(schedule, width, max_new, (SET_EOS,), Sampling(0.0, "rejection", None), order=order)
+    a, b = decode_anyorder(eager, prompt, settings), decode_anyorder(static, prompt, settings)
+    assert (b.tokens, b.rows_evaluated) == (a.tokens, a.rows_evaluated)
+    logits = static.run(pack([causal_segment(torch.tensor(prompt), 0)]))
+    assert torch.isneginf(logits[:, static.mask_token_id]).all()  # SetDLM's rule holds on this path too
+
+
+def test_a_call_past_the_capacity_is_one_clear_error(checkpoint):
+    _, static = _pair(checkpoint, capacity=10)
+    static.run(pack([causal_segment(torch.arange(4, 12), 0)]))
+    static.commit(8)
+    with pytest.raises(PackedSSError, match=r"holds 10 rows, but this call needs 16 \(8 committed \+ 8\)"):
+        static.run(packed_call(torch.tensor(5), torch.tensor([6, 7]), 8, WIDTH, MASK_ID, True))
+
+
+def test_modes_are_checked_and_reduce_overhead_runs_as_default_on_cpu(checkpoint, caplog):
+    model = load_nemotron(checkpoint, dtype="float64")
+    with pytest.raises(PackedSSError, match="invalid model.compile='fast'; valid: none, default, reduce-overhead"):
+        enable_static(model, "fast", 32)
+    with caplog.at_level(logging.WARNING, logger="packedss.models.static"):
+        enable_static(model, "reduce-overhead", 32)
+    assert model.static.mode == "default" and "which need a GPU" in caplog.text
+    assert enable_static(model, "none", 32).static is None
+    model.run(pack([causal_segment(torch.tensor([4, 5]), 0)]))
+    model.commit(2)
+    assert model.cached_rows == 2  # the DynamicCache again
+
+
+def test_compiled_shapes_equal_the_eager_path_with_the_proposal_lora(checkpoint):
+    """One compiled graph per (rows, LoRA on/off): a draft block (LoRA on its rows) and a verify
+    call of the same B rows, each compiled at its second sighting during the warm-up."""
+    eager = load_nemotron(checkpoint, dtype="float64")
+    static = enable_static(load_nemotron(checkpoint, dtype="float64"), "default", 64)
+    lora = ProposalLoRA.create(eager.backbone, rank=2, alpha=4.0, seed=1)
+    with torch.no_grad():
+        for b in lora.lora_B.values():
+            b.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(2))
+    pairs = {name: (lora.lora_A[name.replace(".", "__")], lora.lora_B[name.replace(".", "__")], lora.scales[name.replace(".", "__")])
+             for name in lora.module_names}  # fmt: skip
+    lora.detach()
+    for model in (eager, static):
+        model.proposal_lora = ProposalLoRA(model.backbone, pairs, lora.config)
+    generator = torch.Generator().manual_seed(4)
+    assert _both(eager, static, pack([causal_segment(_tokens(generator, 6), 0)]), 6) < 1e-9
+    position = 6
+    for _ in range(3):
+        draft = pack([draft_block(_tokens(generator, 1), position, WIDTH, MASK_ID)])
+        assert draft.roles.eq(int(Role.DRAFT)).all()
+        # inductor's float32 cos/sin (rotary embedding, computed in float32 by transformers) may
+        # differ from eager's by one ulp, so the float64 logits agree to float32 rounding only.
+        assert _both(eager, static, draft, 0) < 1e-5
+        verify = pack([causal_segment(_tokens(generator, WIDTH + 1), position)])
+        assert _both(eager, static, verify, 2) < 1e-5
+        position += 2
+    assert set(static.static.compile_s) == {f"{WIDTH + 1} rows", f"{WIDTH + 1} rows lora"}
+    assert static.static.calls == {"compiled": 4, "eager": 2, "prefill": 1}
+    assert eager.call_stats == static.call_stats == {"lora_rows_selected": 0, "lora_rows_evaluated": 0}
+    compiled = end_warmup(static)
+    assert all(seconds > 0 for seconds in compiled.values())
+    call = pack([causal_segment(_tokens(generator, 2), position)])  # a new shape after the warm-up: eager
+    assert _both(eager, static, call, 1) < 1e-5  # (on a cache the compiled calls wrote)
+    assert static.static.calls["eager"] == 3 and set(static.static.compile_s) == set(compiled)
