@@ -10,7 +10,8 @@ from packedss.errors import PackedSSError
 from packedss.records import RecordWriter, read_records, record_path, repair_torn_tail, validate_record
 
 GOOD = {
-    "model": "tiny", "task": "arith", "schedule": "packed", "width": 2, "block": 3, "temperature": 0.0,
+    "model": "tiny", "family": "nemotron", "task": "arith", "task_config": {"name": "arith"}, "sample": 0,
+    "schedule": "packed", "width": 2, "block": 3, "temperature": 0.0,
     "verify": "greedy", "order": None, "seed": 0, "repeat": 0, "config_hash": "abc", "code_version": "x",
     "device": "cpu", "dtype": "float32", "versions": {}, "question_id": "q1", "prompt_tokens": 4,
     "output_tokens": 4, "output_text": "1 2", "finish_reason": "eos", "output_hash": "h", "nfe_total": 3,
@@ -83,7 +84,7 @@ def test_two_writers_never_share_a_file(tmp_path):
         with pytest.raises(PackedSSError, match="another job is writing"):
             RecordWriter(path)
     with RecordWriter(path) as writer:
-        assert writer.done_keys("abc") == {("q1", 0)}
+        assert writer.done_keys("abc") == {("q1", 0, 0)}  # (question, sample, repeat)
         assert writer.done_keys("other") == set()
 
 

@@ -1,44 +1,49 @@
 """Structured configs (Hydra ConfigStore): the schema every YAML under conf/ is merged into, so
 unknown keys fail at start, and `validate` turns invalid values into one clear message that
-lists the valid choices (SPEC §1)."""
+lists the valid choices. What a family accepts comes from the family table (packedss.families)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from packedss.decoding.trace import TIMINGS
+from packedss.decoding.verify import VERIFY_RULES
 from packedss.errors import PackedSSError
+from packedss.families import FAMILIES, family_named
 from packedss.models.checkpoint import DTYPES
 from packedss.tasks import TaskConfig
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-CONF_DIR = PROJECT_ROOT / "conf"
-
-FAMILIES = ("nemotron", "setdlm")
-SCHEDULES = {
-    "nemotron": ("ar", "linear", "quadratic", "packed"),
-    "setdlm": ("ar", "linear", "quadratic", "packed", "native"),
-}
-VERIFY_RULES = ("rejection", "match")
-ORDERS = ("ltr", "confidence")
 DEVICES = ("auto", "cpu", "cuda")
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
+
+
+@dataclass
+class CheckpointConfig:
+    hub_id: Optional[str] = None  # the released weights (used only when download=true or cached)
+    path: Optional[str] = None  # a local checkpoint directory; relative paths resolve from the project root
 
 
 @dataclass
 class ModelConfig:
     name: str = MISSING
-    family: str = "nemotron"  # nemotron | setdlm
+    family: str = "nemotron"  # a name of packedss.families.FAMILIES
     hub_id: Optional[str] = None  # the released weights (used only when download=true or cached)
     path: Optional[str] = None  # a local checkpoint directory; relative paths resolve from the project root
+    # Checkpoints trained for a largest width: W runs on the entry with the smallest key >= W
+    # (SetDLM: smax8 serves W <= 8, smax16 W <= 16); empty: hub_id/path serve every width.
+    by_width: dict[int, CheckpointConfig] = field(default_factory=dict)
     download: bool = False  # fetch hub_id when it is not cached locally (never in tests)
     chat: bool = False  # build prompts with the tokenizer's chat template (instruct models)
+    # Chat user message per task, replacing the task's prompt_chat (the released evaluation's prompt).
+    prompts: dict[str, str] = field(default_factory=dict)
+    end_of_turn: list[str] = field(default_factory=list)  # tokens that end a response like EOS (chat)
     lora: bool = False  # apply the proposal-only LoRA to draft rows (paper Tables 4-5)
     lora_path: Optional[str] = None  # PEFT adapter directory; relative to the model directory when not absolute
+    compile: str = "none"  # none | default | reduce-overhead | max-autotune: compiled fixed-shape decode calls
 
 
 @dataclass
@@ -56,13 +61,16 @@ class RunConfig:
     width: int = 8
     temperature: float = 0.0
     verify: str = "rejection"
-    order: str = "ltr"
+    order: Optional[str] = None  # verification order (any-order families); null: the family's first
     seed: int = 0
-    repeats: int = 1
+    samples: int = 1  # independent samples per question (T > 0), each with its own seeded generator
+    native_window: Optional[int] = None  # native decoder's window; null: half the checkpoint's smax
+    repeats: int = 1  # timing repeats of each response
     limit: Optional[int] = 5
     max_new_tokens: Optional[int] = None  # None: the task's own cap
     data_dir: Optional[str] = None
     out_dir: str = "results/default/records"
+    checkpoint_dirs: dict[str, str] = field(default_factory=dict)  # hub id -> local directory (conf/paths)
     device: str = "auto"
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
     timing: str = "sync"  # CUDA model time: "sync" (synchronize per call) or "events" (CUDA events)
@@ -83,35 +91,57 @@ def _choice(value, valid, key: str) -> None:
 
 def validate(cfg) -> None:
     """Check every value that the schema's types cannot; raises PackedSSError with one message."""
-    _choice(cfg.model.family, FAMILIES, "model.family")
-    _choice(cfg.schedule.name, SCHEDULES[cfg.model.family], f"schedule (for the {cfg.model.family} family)")
+    _choice(cfg.model.family, tuple(FAMILIES), "model.family")
+    family = family_named(cfg.model.family)
+    _choice(cfg.schedule.name, family.schedules, f"schedule (for the {family.name} family)")
     if cfg.width < 1:
         raise PackedSSError(f"invalid width={cfg.width}; the speculative width must be >= 1")
     if cfg.temperature < 0:
         raise PackedSSError(f"invalid temperature={cfg.temperature}; use 0 for greedy or a positive value")
     _choice(cfg.verify, VERIFY_RULES, "verify")
-    _choice(cfg.order, ORDERS, "order")
+    if family.orders:
+        if cfg.order is not None:
+            _choice(cfg.order, family.orders, f"order (for the {family.name} family)")
+    elif cfg.order is not None:
+        raise PackedSSError(
+            f"order={cfg.order} needs an any-order model; the {cfg.model.name} model ({family.name} family) "
+            "has no verification order: leave order unset"
+        )
     _choice(cfg.device, DEVICES, "device")
     _choice(cfg.dtype, ("auto", *DTYPES), "dtype")
     _choice(cfg.timing, TIMINGS, "timing")
+    _choice(cfg.model.compile, COMPILE_MODES, "model.compile")
+    if cfg.samples < 1:
+        raise PackedSSError(f"invalid samples={cfg.samples}; must be >= 1")
+    if cfg.samples > 1 and cfg.temperature == 0:
+        raise PackedSSError(
+            f"samples={cfg.samples} at temperature=0 would decode {cfg.samples} identical responses; "
+            "use samples=1 for greedy runs (repeats=N re-times a response)"
+        )
+    if cfg.native_window is not None and cfg.native_window < 1:
+        raise PackedSSError(f"invalid native_window={cfg.native_window}; must be >= 1, or null for the default")
     if cfg.repeats < 1:
         raise PackedSSError(f"invalid repeats={cfg.repeats}; must be >= 1")
     if cfg.limit is not None and cfg.limit < 1:
         raise PackedSSError(f"invalid limit={cfg.limit}; must be >= 1, or null for all questions")
     if cfg.max_new_tokens is not None and cfg.max_new_tokens < 1:
         raise PackedSSError(f"invalid max_new_tokens={cfg.max_new_tokens}; must be >= 1")
-    if cfg.model.family == "nemotron" and cfg.order != "ltr":
-        raise PackedSSError(f"order={cfg.order} needs an any-order model; the {cfg.model.name} model decodes left to right (order=ltr)")
 
 
-def validate_width(cfg, block_size: Optional[int]) -> None:
-    """The drafter's block must hold the call's block: B = W+1 (LTR) or W (any-order)."""
-    if block_size is None:
+def resolved_order(cfg) -> Optional[str]:
+    """The verification order a job runs: the configured one, else the family's first (None when
+    the family has no order)."""
+    orders = family_named(cfg.model.family).orders
+    return (cfg.order or orders[0]) if orders else None
+
+
+def validate_width(cfg, max_block: Optional[int]) -> None:
+    """The drafter's block must hold the call's block (B from W by the family's rule)."""
+    if max_block is None:
         return
-    block = cfg.width + 1 if cfg.model.family == "nemotron" else cfg.width
-    if block > block_size:
-        largest = block_size - 1 if cfg.model.family == "nemotron" else block_size
+    family = family_named(cfg.model.family)
+    if family.block_of_width(cfg.width) > max_block:
         raise PackedSSError(
-            f"invalid width={cfg.width}: model {cfg.model.name} holds blocks of at most {block_size} rows; "
-            f"valid widths: 1..{largest}"
+            f"invalid width={cfg.width}: model {cfg.model.name} holds blocks of at most {max_block} rows; "
+            f"valid widths: 1..{family.largest_width(max_block)}"
         )

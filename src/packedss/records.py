@@ -1,7 +1,8 @@
-"""JSONL records: one line per (question, configuration, repeat), appended, flushed and fsynced
-as soon as the question finishes. Resume skips recorded (question_id, repeat) pairs of the same
-config hash; a torn last line (a crash mid-write) is detected and cut off; an exclusive lock
-keeps two jobs from writing the same file."""
+"""JSONL records (docs/records.md): one line per response (question, sample, repeat) of one
+configuration, appended, flushed and fsynced as soon as the response finishes. Resume skips the
+recorded (question_id, sample, repeat) keys of the same config hash; a torn last line (a crash
+mid-write) is detected and cut off; an exclusive lock keeps two writers off one file. This module
+is the only reader and writer of record files: regrading rewrites them through `rewrite_records`."""
 
 from __future__ import annotations
 
@@ -9,15 +10,17 @@ import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from packedss.errors import PackedSSError
+from packedss.families import FAMILIES
 
 IDENTITY_FIELDS = (
-    "model", "task", "schedule", "width", "block", "temperature", "verify", "order", "seed", "repeat",
-    "config_hash", "code_version", "device", "dtype", "versions", "question_id",
+    "model", "family", "task", "task_config", "schedule", "width", "block", "temperature", "verify", "order",
+    "seed", "sample", "repeat", "config_hash", "code_version", "device", "dtype", "versions", "question_id",
 )  # fmt: skip
 OUTPUT_FIELDS = ("prompt_tokens", "output_tokens", "output_text", "finish_reason", "output_hash")
 COST_FIELDS = (
@@ -51,6 +54,11 @@ def output_hash(token_ids: list[int]) -> str:
     return hashlib.sha256(json.dumps(token_ids, separators=(",", ":")).encode()).hexdigest()
 
 
+def encode_record(record: dict) -> bytes:
+    """One record as its JSONL line (the one JSON style of every record file)."""
+    return (json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+
+
 def validate_record(record: dict) -> list[str]:
     """Problems with a record's schema and its identities (empty when it is sound)."""
     problems = [f"missing field {name!r}" for name in RECORD_FIELDS if name not in record]
@@ -62,12 +70,18 @@ def validate_record(record: dict) -> list[str]:
         problems.append("len(rows_evaluated) != nfe_total")
     if len(record["rows_useful"]) != record["nfe_total"]:
         problems.append("len(rows_useful) != nfe_total")
-    if record.get("family", "ltr") == "ltr":
-        if 1 + sum(record["accepted"]) - record["truncated_tokens"] != record["output_tokens"]:
-            problems.append("1 + sum(accepted) - truncated_tokens != output_tokens")
-        calls_per_iteration = 2 if record["schedule"] == "linear" else 1
-        if record["nfe_total"] != record["nfe_prefill"] + calls_per_iteration * record["iterations"]:
-            problems.append("nfe_total != nfe_prefill + calls after prefill")
+    family = FAMILIES.get(record["family"])
+    if family is None:
+        return problems + [f"unknown family {record['family']!r} (known: {', '.join(FAMILIES)})"]
+    # The prefill call emits one token, or (any-order families) the `resolved` count of its call.
+    prefill_tokens = record["resolved"][0] if "resolved" in record else 1
+    if prefill_tokens + sum(record["accepted"]) - record["truncated_tokens"] != record["output_tokens"]:
+        problems.append("prefill tokens + sum(accepted) - truncated_tokens != output_tokens")
+    calls_per_iteration = family.calls_per_iteration.get(record["schedule"])
+    if calls_per_iteration is None:
+        problems.append(f"schedule {record['schedule']!r} is not one of the {family.name} family's")
+    elif record["nfe_total"] != record["nfe_prefill"] + calls_per_iteration * record["iterations"]:
+        problems.append("nfe_total != nfe_prefill + calls after prefill")
     if abs(record["wall_s"] - record["model_s"] - record["nonmodel_s"]) > 1e-6:
         problems.append("nonmodel_s != wall_s - model_s")
     return problems
@@ -159,14 +173,17 @@ class RecordWriter:
             ) from None
         self.repaired_bytes = repair_torn_tail(self.path)
 
-    def done_keys(self, config_hash_value: str) -> set[tuple[str, int]]:
-        """(question_id, repeat) pairs already recorded under this config hash."""
+    def done_keys(self, config_hash_value: str) -> set[tuple[str, int, int]]:
+        """(question_id, sample, repeat) keys already recorded under this config hash."""
         records, _ = read_records(self.path, validate=False)
-        return {(r["question_id"], r["repeat"]) for r in records if r.get("config_hash") == config_hash_value}
+        return {
+            (r["question_id"], r.get("sample", 0), r["repeat"])
+            for r in records
+            if r.get("config_hash") == config_hash_value
+        }
 
     def append(self, record: dict) -> None:
-        line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
-        self._handle.write(line.encode("utf-8"))
+        self._handle.write(encode_record(record))
         self._handle.flush()
         os.fsync(self._handle.fileno())
 
@@ -180,3 +197,53 @@ class RecordWriter:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def rewrite_records(path: str | Path, update: Callable[[list[tuple[int, dict | None]]], dict[int, dict]]) -> int:
+    """Rewrite some records of a file in place, atomically, under the writers' lock.
+
+    `update` gets (line number, record) for every non-empty line (record None: the line is not a
+    JSON object) and returns the replacement records by line number; every other line is kept
+    byte for byte. The new file is
+    written beside the old one, fsynced and renamed over it: a crash leaves the old file intact.
+    A file that a running job holds is refused. Returns the number of lines replaced."""
+    path = Path(path)
+    with open(path, "rb") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise PackedSSError(f"{path}: a running job is writing this file; try again when the job is done") from None
+        lines = handle.readlines()
+        parsed = []
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                value = None
+            parsed.append((number, value if isinstance(value, dict) else None))
+        replaced = update(parsed)
+        for number, record in replaced.items():
+            lines[number - 1] = encode_record(record)
+        _replace_file(path, lines)
+    return len(replaced)
+
+
+def _replace_file(path: Path, lines: list[bytes]) -> None:
+    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.writelines(lines)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(temporary, os.stat(path).st_mode & 0o7777)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)

@@ -1,10 +1,12 @@
-"""One job = (model, task, schedule, width, temperature, verify, order, seed, repeats): decode the
-task's questions with the shared core, grade each output, append one record per response.
+"""One job = (model, task, schedule, width, temperature, verify, order, seed): decode the task's
+questions with the shared core (samples x repeats responses each), grade each output, append one
+record per response. What differs between model families comes from the family table.
 
 Everything that can be wrong with the input is checked before the record file is created."""
 
 from __future__ import annotations
 
+import dataclasses
 import platform
 import subprocess
 import sys
@@ -13,18 +15,22 @@ from pathlib import Path
 
 import torch
 import transformers
-from omegaconf import OmegaConf
 from tqdm import tqdm
 
 import packedss
-from packedss.config import PROJECT_ROOT, validate, validate_width
-from packedss.decoding import DecodeSettings, Sampling, decode
-from packedss.decoding.anyorder import AnyOrderSettings, decode_anyorder
-from packedss.models import load_model, read_block_size, resolve_path
-from packedss.records import RecordWriter, config_hash, output_hash, record_path
-from packedss.tasks import load_task
-from packedss.tasks.stops import make_stop_check, output_text
+from packedss.errors import PackedSSError
+from packedss.config import resolved_order, validate, validate_width
+from packedss.decoding import GREEDY, Sampling
 from packedss.decoding.verify import question_seed
+from packedss.families import family_named
+from packedss.models import load_model, resolve_path, select_checkpoint
+from packedss.models.checkpoint import read_config
+from packedss.paths import PROJECT_ROOT
+from packedss.preemption import SignalGuard
+from packedss.records import RecordWriter, config_hash, output_hash, record_path
+from packedss.tasks import Task, config_from_dict, load_task
+from packedss.tasks.prompts import encode_prompt
+from packedss.tasks.stops import make_stop_check, output_text
 
 
 @dataclass
@@ -50,8 +56,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        from packedss.errors import PackedSSError
-
         raise PackedSSError("device=cuda but no CUDA device is available; use device=cpu or device=auto")
     return torch.device(name)
 
@@ -64,28 +68,35 @@ def resolve_dtype_name(name: str, device: torch.device) -> str:
 
 def run_job(cfg) -> JobResult:
     validate(cfg)
+    family = family_named(cfg.model.family)
     device = resolve_device(cfg.device)
     if cfg.threads > 0 or device.type == "cpu":
         # Small CPU models are dominated by per-op overhead; a second intra-op thread buys little
         # alone and costs up to 100x per op when the cores are shared (OpenMP spin-waits).
         torch.set_num_threads(cfg.threads if cfg.threads > 0 else 1)
     dtype = resolve_dtype_name(cfg.dtype, device)
-    model_path = resolve_path(cfg.model)
-    validate_width(cfg, read_block_size(model_path, cfg.model.family))
-    task = load_task(cfg.task, data_dir=cfg.data_dir)
+    checkpoint = select_checkpoint(cfg.model, cfg.width, cfg.checkpoint_dirs)
+    model_path = resolve_path(cfg.model, checkpoint)
+    max_block = family.max_block(read_config(model_path, f"model {cfg.model.name}"))
+    validate_width(cfg, max_block)
+    task = load_task(task_config_for(cfg), data_dir=cfg.data_dir)
     questions = task.questions(cfg.limit)
-    model, tokenizer = load_model(cfg.model, model_path, device, dtype)
+    model, tokenizer = load_model(cfg.model, family, model_path, device, dtype)
+    eos_token_ids = model.eos_token_ids + end_of_turn_ids(cfg.model, tokenizer)
 
     greedy = cfg.temperature == 0
-    verify = "greedy" if greedy else cfg.verify
-    order = cfg.order if cfg.model.family == "setdlm" else None
+    verify = GREEDY if greedy else cfg.verify
+    order = resolved_order(cfg)
     max_new_tokens = cfg.max_new_tokens or task.max_new_tokens
     stops = task.stop_for(cfg.model.chat)
+    task_config = dataclasses.asdict(task.cfg)
     identity = {
         "model": cfg.model.name,
         "model_path": str(model_path),
+        "chat": bool(cfg.model.chat),
+        "eos_token_ids": list(eos_token_ids),
         "lora": bool(cfg.model.lora),
-        "task": OmegaConf.to_container(cfg.task, resolve=True) if OmegaConf.is_config(cfg.task) else vars(cfg.task),
+        "task": task_config,
         "schedule": cfg.schedule.name,
         "pad_verify": bool(cfg.schedule.pad_verify),
         "width": cfg.width,
@@ -100,10 +111,12 @@ def run_job(cfg) -> JobResult:
     job_hash = config_hash(identity)
     static = {
         "model": cfg.model.name,
+        "checkpoint": checkpoint.hub_id or str(model_path),
         "task": task.name,
+        "task_config": task_config,
         "schedule": cfg.schedule.name,
         "width": cfg.width,
-        "block": cfg.width + 1 if cfg.model.family == "nemotron" else cfg.width,
+        "block": family.block_of_width(cfg.width),
         "temperature": cfg.temperature,
         "verify": verify,
         "order": order,
@@ -117,32 +130,37 @@ def run_job(cfg) -> JobResult:
             "transformers": transformers.__version__,
             "python": platform.python_version(),
         },
-        "family": "ltr" if cfg.model.family == "nemotron" else "anyorder",
+        "family": family.name,
         "pad_verify": bool(cfg.schedule.pad_verify),
         "lora": bool(cfg.model.lora),
-        "lossy": cfg.schedule.name == "native",
+        "lossy": cfg.schedule.name in family.lossy_schedules,
         "timing": cfg.timing,
         "max_new_tokens": max_new_tokens,
     }
+    settings_fields = {**family.settings_fields(cfg), **({"order": order} if order else {})}
+    if cfg.schedule.name == "native":
+        # The released native sampler runs a window of half the checkpoint's smax (4 on smax8, 8 on smax16).
+        native_window = cfg.native_window or max(1, (max_block or cfg.width) // 2)
+        settings_fields["width"] = native_window
+        identity["native_window"] = static["native_window"] = native_window
+        job_hash = static["config_hash"] = config_hash(identity)
 
-    def decode_question(question_id: str, ids: list[int]):
+    def decode_question(question_id: str, sample: int, ids: list[int]):
         generator = None
         if not greedy:
-            generator = torch.Generator(device=device).manual_seed(question_seed(cfg.seed, question_id))
-        sampling = Sampling(temperature=cfg.temperature, rule=cfg.verify, generator=generator)
-        common = dict(width=cfg.width, max_new_tokens=max_new_tokens, eos_token_ids=model.eos_token_ids,
-                      sampling=sampling, timing=cfg.timing)  # fmt: skip
-        if cfg.model.family == "setdlm":
-            settings = AnyOrderSettings(schedule=cfg.schedule.name, order=cfg.order, **common)
-            out = decode_anyorder(model, ids, settings, stop_check)
-        else:
-            settings = DecodeSettings(schedule=cfg.schedule.name, pad_verify=cfg.schedule.pad_verify, **common)
-            out = decode(model, ids, settings, stop_check)
-        return out
+            generator = torch.Generator(device=device).manual_seed(question_seed(cfg.seed, question_id, sample))
+        fields = {
+            "schedule": cfg.schedule.name,
+            "width": cfg.width,
+            "max_new_tokens": max_new_tokens,
+            "eos_token_ids": eos_token_ids,
+            "sampling": Sampling(temperature=cfg.temperature, rule=cfg.verify, generator=generator),
+            "timing": cfg.timing,
+        }
+        return family.decode(model, ids, family.settings_type(**(fields | settings_fields)), stop_check)
 
     def prompt_ids(question) -> list[int]:
-        text = task.build_prompt(question, tokenizer=tokenizer, chat=cfg.model.chat)
-        return tokenizer(text, add_special_tokens=not cfg.model.chat)["input_ids"]
+        return question_prompt_ids(task, tokenizer, question, cfg.model.chat)
 
     stop_check = make_stop_check(tokenizer, stops)
     variant = ("-nopad" if cfg.schedule.name == "packed" and not cfg.schedule.pad_verify else "") + (
@@ -151,26 +169,29 @@ def run_job(cfg) -> JobResult:
     path = record_path(cfg.out_dir, cfg.model.name, task.name, cfg.schedule.name + variant, cfg.width,
                        cfg.temperature, verify, order, cfg.seed)  # fmt: skip
     existed = path.exists()
-    with RecordWriter(path) as writer:
+    responses = [(q, k, r) for q in questions for k in range(cfg.samples) for r in range(cfg.repeats)]
+    with SignalGuard() as guard, RecordWriter(path) as writer:
         done = writer.done_keys(job_hash)
-        pending = [(q, r) for q in questions for r in range(cfg.repeats) if (q.question_id, r) not in done]
+        pending = [(q, k, r) for q, k, r in responses if (q.question_id, k, r) not in done]
         if pending and cfg.warmup:
             first = pending[0][0]
-            decode_question(first.question_id, prompt_ids(first))
+            decode_question(first.question_id, 0, prompt_ids(first))
         written = 0
         tokens_total = wall_total = 0.0
         accepted_total = iterations_total = 0
         bar = tqdm(pending, desc=f"{cfg.model.name}/{task.name}/{cfg.schedule.name} W={cfg.width}",
-                   unit="q", disable=None if cfg.progress else True, file=sys.stderr)  # fmt: skip
+                   unit="response", disable=None if cfg.progress else True, file=sys.stderr)  # fmt: skip
         grades = {}
-        for question, repeat in bar:
+        for question, sample, repeat in bar:
             ids = prompt_ids(question)
-            out = decode_question(question.question_id, ids)
+            out = decode_question(question.question_id, sample, ids)
             text = output_text(tokenizer, out.tokens, stops)
-            if question.question_id not in grades:
-                grades[question.question_id] = task.grade(question, text).record_fields(task.cfg.grader)
+            key = (question.question_id, sample)
+            if key not in grades:  # repeats time the same response again: grade it once
+                grades[key] = task.grade(question, text).record_fields(task.cfg.grader)
             record = {
                 **static,
+                "sample": sample,
                 "repeat": repeat,
                 "question_id": question.question_id,
                 "prompt_tokens": len(ids),
@@ -179,9 +200,10 @@ def run_job(cfg) -> JobResult:
                 "finish_reason": out.finish_reason,
                 "output_hash": output_hash(out.tokens),
                 **out.cost_fields(),
-                **grades[question.question_id],
+                **grades[key],
             }
-            writer.append(record)
+            with guard.critical():
+                writer.append(record)
             written += 1
             tokens_total += len(out.tokens)
             wall_total += out.wall_s
@@ -192,4 +214,30 @@ def run_job(cfg) -> JobResult:
         bar.close()
     if not existed and written == 0 and path.stat().st_size == 0:
         path.unlink()
-    return JobResult(path=path, written=written, skipped=len(questions) * cfg.repeats - len(pending))
+    return JobResult(path=path, written=written, skipped=len(responses) - len(pending))
+
+
+def task_config_for(cfg):
+    """The job's task config: the task's own, with the model's chat prompt for this task (the
+    released evaluation's wording) when the model lists one."""
+    task_cfg = config_from_dict(cfg.task)
+    prompt = (cfg.model.prompts or {}).get(task_cfg.name)
+    return dataclasses.replace(task_cfg, prompt_chat=prompt) if prompt else task_cfg
+
+
+def question_prompt_ids(task: Task, tokenizer, question, chat: bool) -> list[int]:
+    return encode_prompt(tokenizer, task.build_prompt(question, tokenizer=tokenizer, chat=chat), chat)
+
+
+def end_of_turn_ids(model_cfg, tokenizer) -> tuple[int, ...]:
+    """Token ids of the model's end-of-turn tokens (e.g. <|im_end|>); each must be one known token."""
+    ids = []
+    for token in model_cfg.end_of_turn:
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if token_id is None or token_id == tokenizer.unk_token_id:
+            raise PackedSSError(
+                f"model {model_cfg.name}: end-of-turn token {token!r} is not in the tokenizer's vocabulary; "
+                "fix model.end_of_turn"
+            )
+        ids.append(int(token_id))
+    return tuple(ids)

@@ -1,5 +1,6 @@
 """python -m packedss.grade: in-place, atomic re-grading."""
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -11,13 +12,18 @@ from packedss import grade as grade_cli
 from packedss.tasks import load_task, load_task_config
 
 
+def _task_config(name, **overrides):
+    return dataclasses.asdict(load_task_config(name, **overrides))
+
+
 def _records(n=6):
     qs = load_task(load_task_config("arith"), None).questions(limit=n)
     rows = []
     for i, q in enumerate(qs):
         out = q.metadata["solution"] if i % 2 == 0 else "#### 100000"
-        rows.append({"task": "arith", "question_id": q.question_id, "output_text": out, "schedule": "packed",
-                     "extracted_answer": None, "correct": None, "grader": None, "note": "héllo ✓"})
+        rows.append({"task": "arith", "task_config": _task_config("arith"), "question_id": q.question_id,
+                     "output_text": out, "schedule": "packed", "extracted_answer": None, "correct": None,
+                     "grader": None, "note": "héllo ✓"})  # fmt: skip
     return rows
 
 
@@ -36,7 +42,8 @@ def test_regrades_in_place_and_keeps_bad_lines(tmp_path, h, capsys):
     assert [r["correct"] for r in recs] == [True, False] * 3
     assert recs[0]["extracted_answer"] is not None and recs[0]["grader"]["name"] == "numeric"
     assert recs[0]["note"] == "héllo ✓" and recs[0]["schedule"] == "packed"
-    assert list(recs[0]) == list(_records()[0])  # field order kept
+    original = list(_records()[0])
+    assert list(recs[0])[: len(original)] == original  # field order kept; new score fields go last
     assert [p.name for p in tmp_path.iterdir()] == ["r.jsonl"]  # no temp files left
 
 
@@ -68,7 +75,9 @@ def test_crash_during_write_leaves_the_old_file(tmp_path, h, monkeypatch):
     def boom(src, dst):
         raise OSError("disk gone")
 
-    monkeypatch.setattr(grade_cli.os, "replace", boom)
+    from packedss import records
+
+    monkeypatch.setattr(records.os, "replace", boom)
     with pytest.raises(OSError):
         grade_cli.regrade_file(path)
     assert path.read_bytes() == before
@@ -77,11 +86,13 @@ def test_crash_during_write_leaves_the_old_file(tmp_path, h, monkeypatch):
 
 def test_cli_subprocess_with_code_and_speed_tasks(tmp_path, h, shared_data):
     he = load_task(load_task_config("humaneval"), str(shared_data)).questions(limit=2)
+    humaneval, writingbench = _task_config("humaneval"), _task_config("writingbench")
+    mbpp = _task_config("mbpp", variant="original")
     rows = [
-        {"task": "humaneval", "question_id": he[0].question_id, "output_text": he[0].metadata["canonical_solution"]},
-        {"task": "humaneval", "question_id": he[1].question_id, "output_text": "    import os\n    os._exit(0)\n"},
-        {"task": "writingbench", "question_id": "writingbench/1", "output_text": "an essay"},
-        {"task": "mbpp", "question_id": "mbpp/11", "output_text": "def remove_Occ(s, ch):\n    return s.replace(ch, '', 1)[::-1].replace(ch, '', 1)[::-1]\n"},
+        {"task_config": humaneval, "question_id": he[0].question_id, "output_text": he[0].metadata["canonical_solution"]},
+        {"task_config": humaneval, "question_id": he[1].question_id, "output_text": "    import os\n    os._exit(0)\n"},
+        {"task_config": writingbench, "question_id": "writingbench/1", "output_text": "an essay"},
+        {"task_config": mbpp, "question_id": "mbpp/11", "output_text": "def remove_Occ(s, ch):\n    return s.replace(ch, '', 1)[::-1].replace(ch, '', 1)[::-1]\n"},
     ]
     path = h.write_jsonl(tmp_path / "r.jsonl", rows)
     env = dict(os.environ)
@@ -104,7 +115,16 @@ def test_regrade_refuses_a_file_a_job_is_writing(tmp_path):
 
     path = tmp_path / "r.jsonl"
     with RecordWriter(path) as writer:
-        writer.append({"task": "arith", "question_id": "arith/test/0", "output_text": "#### 3"})
+        writer.append({"task_config": _task_config("arith"), "question_id": "arith/test/0", "output_text": "#### 3"})
         with pytest.raises(PackedSSError, match="a running job is writing"):
             regrade_file(path)
     assert regrade_file(path)["graded"] == 1
+
+
+def test_a_record_without_its_task_config_is_kept_and_reported(tmp_path, h, capsys):
+    rows = _records(2)
+    del rows[1]["task_config"]
+    path = h.write_jsonl(tmp_path / "r.jsonl", rows)
+    assert grade_cli.regrade_file(path)["skipped"] == 1
+    assert f"{path}:2: kept unchanged (the record has no task_config" in capsys.readouterr().err
+    assert json.loads(path.read_text().splitlines()[1]) == rows[1]

@@ -1,75 +1,89 @@
-"""Model adapters: execute calls on transformers backbones. `load_model` resolves a model config
-to a local checkpoint directory (never downloading unless asked) and loads adapter + tokenizer."""
+"""Model adapters: execute calls on transformers backbones. `resolve_path` finds a model config's
+local checkpoint directory (never downloading unless asked); `load_model` loads the adapter of
+the model's family (from the family table) and the tokenizer."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from packedss.errors import PackedSSError
+from packedss.paths import PROJECT_ROOT
 
-PROJECT_ROOT = Path(__file__).resolve().parents[3]
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The weights one job runs on: a hub id, a local directory, or both."""
+
+    hub_id: str | None
+    path: str | None
+
+    def label(self) -> str:
+        return self.path or self.hub_id or "?"
 
 
-def resolve_path(model_cfg) -> Path:
-    """The local directory of a model: model.path, else the local hub cache of model.hub_id, else
-    a download when model.download=true. Otherwise one clear error naming the id and the override."""
-    if model_cfg.path:
-        path = Path(os.path.expanduser(model_cfg.path))
+def select_checkpoint(model_cfg, width: int, checkpoint_dirs=None) -> Checkpoint:
+    """The checkpoint that serves width W (reads no file). An explicit model.path is the one
+    checkpoint (its own block size bounds W). Otherwise: the `by_width` entry with the smallest
+    key >= W when the model lists any, else the model's hub_id; its local directory comes from
+    `checkpoint_dirs` (hub id -> directory, a paths file) when listed there."""
+    hub_id, path = model_cfg.hub_id, model_cfg.path
+    by_width = getattr(model_cfg, "by_width", None)
+    if by_width and not path:
+        serving = sorted(int(key) for key in by_width if int(key) >= width)
+        if not serving:
+            raise PackedSSError(
+                f"model {model_cfg.name}: no checkpoint serves width={width}; its checkpoints serve widths "
+                f"up to {max(int(key) for key in by_width)} (model.by_width)"
+            )
+        entry = by_width[serving[0]]
+        hub_id, path = entry.hub_id, entry.path
+    if not path and hub_id and checkpoint_dirs and hub_id in checkpoint_dirs:
+        path = checkpoint_dirs[hub_id]
+    return Checkpoint(hub_id=hub_id, path=path)
+
+
+def resolve_path(model_cfg, checkpoint: Checkpoint) -> Path:
+    """The local directory of a checkpoint: its path, else the local hub cache of its hub id, else
+    a download when model.download=true. Otherwise one clear error naming the id and the fix."""
+    if checkpoint.path:
+        path = Path(os.path.expanduser(checkpoint.path))
         if not path.is_absolute() and not path.exists():
             path = PROJECT_ROOT / path
         if not path.is_dir():
             raise PackedSSError(f"model {model_cfg.name}: directory {path} does not exist (set model.path=/local/dir)")
         return path
-    if not model_cfg.hub_id:
+    hub_id = checkpoint.hub_id
+    if not hub_id:
         raise PackedSSError(f"model {model_cfg.name}: no model.path and no hub id; set model.path=/local/dir")
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     try:
-        return Path(snapshot_download(model_cfg.hub_id, local_files_only=True))
+        return Path(snapshot_download(hub_id, local_files_only=True))
     except (LocalEntryNotFoundError, OSError, ValueError):
         pass
     if not model_cfg.download:
         raise PackedSSError(
-            f"model {model_cfg.name}: weights {model_cfg.hub_id} are not available locally; download them "
-            f"(huggingface-cli download {model_cfg.hub_id}) and pass model.path=/local/dir, or set model.download=true"
+            f"model {model_cfg.name}: weights {hub_id} are not available locally; download them "
+            f"(huggingface-cli download {hub_id}) and pass model.path=/local/dir, list the directory in a "
+            f"paths file (conf/paths/, e.g. paths=local), or set model.download=true"
         )
     try:
-        return Path(snapshot_download(model_cfg.hub_id))
+        return Path(snapshot_download(hub_id))
     except Exception as err:  # network and hub errors come in many types
         raise PackedSSError(
-            f"model {model_cfg.name}: could not download {model_cfg.hub_id} ({type(err).__name__}); "
+            f"model {model_cfg.name}: could not download {hub_id} ({type(err).__name__}); "
             f"download it elsewhere and pass model.path=/local/dir"
         ) from None
 
 
-def read_block_size(path: Path, family: str) -> int | None:
-    """The largest block the drafter holds, read from config.json without loading weights."""
-    from packedss.models.checkpoint import read_config
-
-    config = read_config(path, f"model {path.name}")
-    if family == "setdlm":  # the released config keeps smax (= the window W) in noise_config
-        value = (config.get("noise_config") or {}).get("max_block_size")
-    else:
-        value = config.get("block_size")
-    return int(value) if value is not None else None
-
-
-def load_model(model_cfg, path: Path, device, dtype):
-    """The adapter for the model's family, plus its tokenizer (loaded offline from the same directory)."""
+def load_model(model_cfg, family, path: Path, device, dtype):
+    """The adapter of the model's family, plus its tokenizer (loaded offline from the same directory)."""
     from transformers import AutoTokenizer
 
-    if model_cfg.family == "nemotron":
-        from packedss.models.nemotron import load_nemotron
-
-        adapter = load_nemotron(path, device=device, dtype=dtype)
-    elif model_cfg.family == "setdlm":
-        from packedss.models.setdlm import load_setdlm
-
-        adapter = load_setdlm(path, device=device, dtype=dtype)
-    else:
-        raise PackedSSError(f"unknown model family {model_cfg.family!r}; valid: nemotron, setdlm")
+    adapter = family.load_adapter(path, device, dtype)
     if model_cfg.lora:
         from packedss.models.lora import attach_proposal_lora
 

@@ -1,0 +1,127 @@
+"""The model families: one entry per family says everything the rest of the harness needs to
+know about it. The runner, the config validation, the model loading, the record checks and the
+analysis read this table; adding a family means adding one entry (with `register_family`) and
+its modules. See docs/schedules.md for the schedules and their row formulas."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from packedss.decoding import (
+    ANYORDER_SCHEDULES,
+    LTR_SCHEDULES,
+    ORDERS,
+    AnyOrderSettings,
+    CallModel,
+    DecodeSettings,
+    Decoded,
+    LTRSettings,
+    StopCheck,
+    decode_anyorder,
+    decode_ltr,
+)
+from packedss.errors import PackedSSError
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    schedules: tuple[str, ...]
+    # Verification orders the family can run; () when it has none (the order setting must stay unset).
+    orders: tuple[str, ...]
+    # Model calls per decoding iteration after prefill, by schedule (nfe = 1 + calls * iterations).
+    calls_per_iteration: Mapping[str, int]
+    # B = rows of one draft block for a speculative width W.
+    block_of_width: Callable[[int], int]
+    settings_type: type[DecodeSettings]
+    # The family's own settings fields, read from the run config (e.g. pad_verify, order).
+    settings_fields: Callable[[object], dict]
+    decode: Callable[[CallModel, Sequence[int], DecodeSettings, StopCheck | None], Decoded]
+    # (checkpoint directory, torch device, dtype name) -> a CallModel with eos_token_ids.
+    load_adapter: Callable[[Path, object, str], CallModel]
+    # config.json of a checkpoint -> the largest block its drafter holds (None: not stated).
+    max_block: Callable[[dict], int | None]
+    lossy_schedules: frozenset[str] = field(default_factory=frozenset)
+
+    def largest_width(self, max_block: int) -> int:
+        """The largest W whose block fits a drafter of `max_block` rows (0: none does)."""
+        return max((w for w in range(1, max_block + 1) if self.block_of_width(w) <= max_block), default=0)
+
+
+def _load_nemotron(path: Path, device, dtype: str) -> CallModel:
+    from packedss.models.nemotron import load_nemotron
+
+    return load_nemotron(path, device=device, dtype=dtype)
+
+
+def _load_setdlm(path: Path, device, dtype: str) -> CallModel:
+    from packedss.models.setdlm import load_setdlm
+
+    return load_setdlm(path, device=device, dtype=dtype)
+
+
+def _setdlm_window(config: dict) -> int | None:
+    # The released config keeps smax (= the largest window W) in noise_config.
+    value = (config.get("noise_config") or {}).get("max_block_size")
+    return int(value) if value is not None else None
+
+
+def _nemotron_block(config: dict) -> int | None:
+    value = config.get("block_size")
+    return int(value) if value is not None else None
+
+
+FAMILIES: dict[str, Family] = {}
+
+
+def register_family(family: Family) -> Family:
+    FAMILIES[family.name] = family
+    return family
+
+
+register_family(
+    Family(
+        name="nemotron",
+        schedules=LTR_SCHEDULES,
+        orders=(),
+        calls_per_iteration={"ar": 1, "linear": 2, "quadratic": 1, "packed": 1},
+        block_of_width=lambda width: width + 1,
+        settings_type=LTRSettings,
+        settings_fields=lambda cfg: {"pad_verify": bool(cfg.schedule.pad_verify)},
+        decode=decode_ltr,
+        load_adapter=_load_nemotron,
+        max_block=_nemotron_block,
+    )
+)
+register_family(
+    Family(
+        name="setdlm",
+        schedules=ANYORDER_SCHEDULES,
+        orders=ORDERS,
+        calls_per_iteration={"ar": 1, "linear": 2, "quadratic": 1, "packed": 1, "native": 1},
+        block_of_width=lambda width: width,
+        settings_type=AnyOrderSettings,
+        settings_fields=lambda cfg: {"order": cfg.order},
+        decode=decode_anyorder,
+        load_adapter=_load_setdlm,
+        max_block=_setdlm_window,
+        lossy_schedules=frozenset({"native"}),
+    )
+)
+
+
+def family_named(name: str) -> Family:
+    family = FAMILIES.get(name)
+    if family is None:
+        raise PackedSSError(f"invalid model.family={name!r}; valid choices: {', '.join(FAMILIES)}")
+    return family
+
+
+def schedule_names() -> tuple[str, ...]:
+    """Every schedule of every family, in the order the families list them (tables use it)."""
+    names: list[str] = []
+    for family in FAMILIES.values():
+        names += [s for s in family.schedules if s not in names]
+    return tuple(names)
