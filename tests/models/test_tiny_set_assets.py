@@ -92,39 +92,39 @@ def test_ltr_schedules_identical_and_model_is_trained(model, tokenizer, prompts)
 
 
 def test_training_rows_are_the_inference_rule(tmp_path):
-    """scripts/train_tiny.py --family setdlm: every mask row of a training sequence (one forward
-    pass, custom 4D mask) has the logits the loaded checkpoint gives a mask query that sees the
-    same clean history (dense plain_predict, the reading of set_call's rule)."""
-    import importlib.util
+    """packedss.training (scripts/train_tiny.py --family setdlm): every mask row of a training
+    sequence (one forward pass, custom 4D mask) has the logits the loaded checkpoint gives a mask
+    query that sees the same clean history (dense plain_predict, the reading of set_call's rule)."""
     import random
-    from types import SimpleNamespace
 
     import torch
 
+    from packedss.training.layouts import collate, sample_set_rows, set_sequence
     from tests.anyorder_fixtures import SET_EOS, SET_MASK, plain_predict, write_random_setdlm
 
-    script = Path(__file__).resolve().parents[2] / "scripts" / "train_tiny.py"
-    spec = importlib.util.spec_from_file_location("train_tiny_under_test", script)
-    train = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train)
     model = load_setdlm(write_random_setdlm(tmp_path / "set"), dtype="float64")
     rng = random.Random(0)
     ids = [5, 6, 7, 8] + [rng.randrange(4, 24) for _ in range(10)] + [SET_EOS]
     for order in ("ltr", "local", "random"):
-        args = SimpleNamespace(set_eos_tail=2, set_ltr=float(order == "ltr"), set_local=float(order == "local"))
-        rows = train.set_layout(ids, 4, rng, SET_MASK, SET_EOS, args)
-        tokens, positions, mask, _, targets, _ = train.collate([rows], pad_id=0, dtype=torch.float64)
+        rows = sample_set_rows(ids, 4, rng, SET_EOS, 2, ltr=float(order == "ltr"), local=float(order == "local"))
+        sequence = set_sequence(rows, SET_MASK)
+        call = sequence.call
+        batch = collate([sequence], pad_id=0, dtype=torch.float64)
         with torch.no_grad():
-            hidden = model.backbone(input_ids=tokens, position_ids=positions, attention_mask=mask).last_hidden_state
-            logits = model.head(hidden[0])
-        toks, pos, sees, clean = rows[0], rows[1], rows[4], rows[6]
+            inputs = {"input_ids": batch.tokens, "position_ids": batch.positions, "attention_mask": batch.mask}
+            logits = model.head(model.backbone(**inputs).last_hidden_state[0])
+        toks, pos = call.tokens.tolist(), call.positions.tolist()
+        clean = len(rows.prompt) + len(rows.sigma)
         assert all(t == SET_MASK for t in toks[clean:]) and all(t != SET_MASK for t in toks[:clean])
         assert sorted(pos[4:clean]) == list(range(4, clean))  # every answer position once, as a clean row
+        targets = batch.draft_targets[0]
         for row in range(clean, len(toks)):
-            history = list(zip(pos[: sees[row]], toks[: sees[row]]))
+            sees = [k for k in range(clean) if call.attend[row, k]]
+            assert sees == list(range(len(sees)))  # a prefix of the decoding order
+            history = list(zip(pos[: len(sees)], toks[: len(sees)]))
             assert pos[row] not in [p for p, _ in history[4:]]  # a mask row never sees its own token
             expected = plain_predict(model, history, [pos[row]])[0]
             got = logits[row].clone()
             got[SET_MASK] = float("-inf")
             assert torch.allclose(got, expected, atol=1e-9), (order, row)
-            assert targets[0, row] == ids[pos[row]] if pos[row] < len(ids) else targets[0, row] == SET_EOS
+            assert targets[row] == ids[pos[row]] if pos[row] < len(ids) else targets[row] == SET_EOS

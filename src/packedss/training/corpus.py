@@ -122,7 +122,7 @@ def train_tokenizer(corpus: Corpus, vocab_size: int, out_dir: Path):
 
 
 def special_ids(tok) -> dict[str, int]:
-    return {"eos": tok.convert_tokens_to_ids(EOS), "mask": tok.convert_tokens_to_ids(MASK), "pad": tok.convert_tokens_to_ids(PAD)}
+    return {name: tok.convert_tokens_to_ids(token) for name, token in (("eos", EOS), ("mask", MASK), ("pad", PAD))}
 
 
 Example = tuple[list[int], int]  # token ids, index of the first token the loss reads (the answer; 0 for code)
