@@ -42,12 +42,11 @@ DEFAULTS = TrainConfig()
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
 
-    def setting(flag: str, help: str | None = None, **kwargs) -> None:
+    def setting(flag: str, text: str | None = None, **kwargs) -> None:
         """A flag of a TrainConfig field, with the field's default."""
-        name = flag.lstrip("-").replace("-", "_")
-        default = getattr(DEFAULTS, name)
+        default = getattr(DEFAULTS, flag.lstrip("-").replace("-", "_"))
         kwargs.setdefault("type", type(default))
-        ap.add_argument(flag, default=default, help=help, **kwargs)
+        ap.add_argument(flag, default=default, help=text, **kwargs)
 
     ap.add_argument("--lora", action="store_true", help="train the proposal LoRA on top of --base")
     ap.add_argument(
@@ -67,7 +66,7 @@ def parser() -> argparse.ArgumentParser:
     setting("--arith-n")
     setting("--code-bytes")
     setting("--vocab")
-    setting("--max-len", help="longest question+answer (longer ones are dropped)")
+    setting("--max-len", text="longest question+answer (longer ones are dropped)")
     setting("--hidden")
     setting("--intermediate")
     setting("--layers")
@@ -78,29 +77,29 @@ def parser() -> argparse.ArgumentParser:
     setting("--warmup")
     setting("--weight-decay")
     setting("--diff-weight")
-    setting("--draft-ratio", help="draft rows per answer token")
-    setting("--mask-blocks", help="share of pure-mask (Quadratic-SS) blocks")
+    setting("--draft-ratio", text="draft rows per answer token")
+    setting("--mask-blocks", text="share of pure-mask (Quadratic-SS) blocks")
     setting("--mix-arith")
     setting("--mix-gsm8k")
     setting("--mix-code")
-    setting("--max-minutes", help="wall-clock cap for the whole run (0: none)")
+    setting("--max-minutes", text="wall-clock cap for the whole run (0: none)")
     setting("--save-every")
     setting("--log-every")
-    setting("--smax", help="--family setdlm: the model's max block size (W <= smax)")
-    setting("--set-ltr", help="--family setdlm: share of left-to-right orders")
-    setting("--set-local", help="--family setdlm: share of block-local permutations")
+    setting("--smax", text="--family setdlm: the model's max block size (W <= smax)")
+    setting("--set-ltr", text="--family setdlm: share of left-to-right orders")
+    setting("--set-local", text="--family setdlm: share of block-local permutations")
     setting(
         "--stop-after",
-        help="stop after this many steps of the --steps schedule (0: run it all); "
+        text="stop after this many steps of the --steps schedule (0: run it all); "
         "reproduces a run the wall-clock cap stopped, without the clock",
     )
-    setting("--set-eos-tail", help="--family setdlm: up to this many EOS after the answer")
+    setting("--set-eos-tail", text="--family setdlm: up to this many EOS after the answer")
     setting("--lora-steps")
     setting("--lora-lr")
     setting("--lora-rank")
     setting("--lora-alpha")
     setting("--lora-ce")
-    setting("--lora-draft-ratio", help="--lora: draft rows per answer token")
+    setting("--lora-draft-ratio", text="--lora: draft rows per answer token")
     setting("--lora-targets", nargs="+", type=str)
     return ap
 
