@@ -1,3 +1,4 @@
+import dataclasses
 import re
 from pathlib import Path
 
@@ -11,7 +12,8 @@ from packedss.analysis.figures import make_figure, write_figure
 from packedss.analysis.render import latex, markdown
 from packedss.analysis.tables import TABLES
 from tests.analysis.conftest import N_RESAMPLES
-from tests.analysis.synthetic import make_record, write_records
+from packedss.families import FAMILIES
+from tests.analysis.synthetic import SAMPLES, make_record, write_records
 
 PAPER_TEXT = Path(__file__).resolve().parents[3] / "shared" / "paper" / "packed-ss-paper.txt"
 
@@ -90,6 +92,7 @@ def test_table5_lora_columns(results):
 def test_paired_tables_count_pairs_and_show_cis(results):
     table = _table(results, 12)
     assert set(table.data["Pairs"]) == {"12"}
+    assert set(_table(results, 13).data["Pairs"]) == {str(12 * SAMPLES)}
     assert (table.data["Throughput ratio CI low"] <= table.data["Throughput ratio"]).all()
     assert re.match(r"^[+-]\d\.\d{4} \[[+-]\d\.\d{4}, [+-]\d\.\d{4}\]$", table.display.iloc[0]["Δ wall (s) [95% CI]"])
     t11 = _table(results, 11)
@@ -197,6 +200,7 @@ def test_analyse_writes_everything(results_dir, tmp_path):
     res = analyse(results_dir, n_resamples=200, out_dir=tmp_path)
     names = {p.name for p in res.written}
     assert {f"table{n}.{ext}" for n in range(2, 14) for ext in ("csv", "md", "tex")} <= names
+    assert {"runs.csv", "runs.md", "runs.tex"} <= names
     assert {f"figure{n}.{ext}" for n in (3, 4, 5) for ext in ("png", "pdf")} <= names
 
 
@@ -214,3 +218,107 @@ def test_packed_with_and_without_padding_are_separate_runs(tmp_path):
     linear = results.per_question.query("schedule == 'linear'")
     expected = (padded.output_tokens.sum() / padded.wall_s.sum()) / (linear.output_tokens.sum() / linear.wall_s.sum())
     assert t12["Pairs"] == "3" and t12["Throughput ratio"] == pytest.approx(expected)
+
+
+def test_every_comparison_has_questions_times_samples_pairs(tmp_path):
+    """Native recorded under both orders is still compared once per question-sample, and T = 1
+    runs with K samples give questions x K pairs."""
+    questions, samples = 4, 3
+    records = [
+        make_record(model="tiny-set", family="setdlm", schedule=s, order=order, question=q, lossy=s == "native")
+        for order in ("ltr", "confidence")
+        for s in ("linear", "quadratic", "packed", "native")
+        for q in range(questions)
+    ]
+    records += [
+        make_record(task=task, schedule=s, temperature=t, question=q, sample=k, correct=None if task == "writingbench" else q % 2 == 0)
+        for task in ("arith", "writingbench")
+        for t in (0.0, 1.0)
+        for s in ("linear", "quadratic", "packed")
+        for q in range(questions)
+        for k in range(samples if t > 0 else 1)
+    ]  # fmt: skip
+    write_records(tmp_path / "records", records)
+    results = load_results(tmp_path, n_resamples=200)
+    assert results.loaded.unverified_orders_skipped == questions
+    fig3, fig4 = make_figure(3, results.comparisons).data, make_figure(4, results.comparisons).data
+    speed3, speed4 = fig3[fig3.metric != "Accuracy difference (pp)"], fig4[fig4.metric != "Accuracy difference (pp)"]
+    assert set(speed3["pairs"]) == {questions} and set(speed4["pairs"]) == {questions * samples}
+    native = speed3[speed3.schedule == "native"]
+    assert len(native) == 2 and native["setting"].str.contains("LTR").all()  # one setting: LTR verification
+    assert set(_table(results, 10).data["Pairs"]) == {str(questions)}
+    assert set(_table(results, 12).data["Pairs"]) == {str(questions)}
+    assert set(_table(results, 13).data["Pairs"]) == {str(questions * samples)}
+    t11 = _table(results, 11).data.set_index("Temperature")
+    assert t11.loc["Temperature 0", "Pairs"] == str(questions) and t11.loc["Temperature 1", "Pairs"] == str(questions * samples)
+
+
+def test_table11_has_a_temperature_0_and_a_temperature_1_half(results, tmp_path):
+    data = _table(results, 11).data
+    assert list(dict.fromkeys(data["Temperature"])) == ["Temperature 0", "Temperature 1"]
+    t1 = data[data["Temperature"] == "Temperature 1"]
+    assert set(t1["Pairs"]) == {str(12 * SAMPLES)}
+    assert t1["Packed-SS − Linear-SS CI low"].notna().all()
+    write_records(tmp_path / "records", [make_record(schedule=s, question=q) for s in ("linear", "packed") for q in range(3)])
+    greedy_only = _table(load_results(tmp_path, n_resamples=200), 11)
+    assert set(greedy_only.data["Temperature"]) == {"Temperature 0"}
+    assert any(n.startswith("Temperature 1 (T > 0): no paired") for n in greedy_only.notes)
+
+
+@pytest.mark.parametrize("number", [3, 4])
+def test_ratio_figures_show_writingbench_for_speed_only(results, number):
+    figure = make_figure(number, results.comparisons)
+    writing = figure.data[figure.data["setting"].str.contains("WritingBench")]
+    assert set(writing["schedule"]) == {"ar", "quadratic", "packed"}
+    speed = writing[writing.metric.isin(["Throughput ratio", "NFE ratio"])]
+    assert speed["estimate"].notna().all() and (speed["pairs"] == 12 * (SAMPLES if number == 4 else 1)).all()
+    accuracy = writing[writing.metric == "Accuracy difference (pp)"]
+    assert accuracy["estimate"].isna().all() and (accuracy["pairs"] == 0).all()
+    labels = [tick.get_text() for tick in figure.figure.axes[-1].get_xticklabels()]
+    assert any("WritingBench" in label for label in labels)
+    assert sum(text.get_text() == "n/a" for text in figure.figure.axes[2].texts) == 3
+
+
+def test_table2_measures_the_setdlm_maxima(tmp_path):
+    records = [
+        make_record(model="setdlm1.7b", family="setdlm", order="ltr", schedule=s, width=w, question=q, iterations=3)
+        for s in ("linear", "quadratic", "packed")
+        for w in (8, 16)
+        for q in range(2)
+    ]
+    records += [make_record(model="nemotron8b", schedule=s, width=31, question=0) for s in ("linear", "quadratic", "packed")]
+    write_records(tmp_path / "records", records)
+    results = load_results(tmp_path, n_resamples=200)
+    data = _table(results, 2, compare_paper=True).data
+    setdlm = data[data["Model"] == "SetDLM 1.7B"].set_index(["Method", "W"])
+    published = {8: {"Linear-SS": 25, "Quadratic-SS": 81, "Packed-SS": 25}, 16: {"Linear-SS": 49, "Quadratic-SS": 289, "Packed-SS": 49}}
+    for width, rows in published.items():
+        for method, value in rows.items():
+            row = setdlm.loc[(method, width)]
+            assert row["Max rows/iteration"] == row["Max rows/iteration (paper)"] == row["Rows/iteration (paper formula)"] == value
+            assert row["B"] == width
+    assert setdlm.loc[("Linear-SS", 8), "NFE/iteration"] == 2
+    nemotron = data[data["Model"] == "Nemotron 8B"].set_index("Method")
+    assert set(nemotron["B"]) == {32}
+    assert nemotron.loc["Quadratic-SS", "Rows/iteration (paper formula)"] == 32 * 33
+    assert nemotron.loc["Linear-SS", "Max rows/iteration"] == 64 and nemotron["Max rows/iteration (paper)"].isna().all()
+
+
+def test_a_family_the_analysis_does_not_know_gets_a_run_summary(tmp_path, monkeypatch, capsys):
+    toy = dataclasses.replace(
+        FAMILIES["nemotron"], name="toy", schedules=("ar", "fast"), orders=(),
+        calls_per_iteration={"ar": 1, "fast": 3}, block_of_width=lambda width: 2 * width,
+    )  # fmt: skip
+    monkeypatch.setitem(FAMILIES, "toy", toy)
+    records = [make_record(model="toy-1", family="toy", schedule=s, width=4, question=q, iterations=5) for s in ("ar", "fast") for q in range(3)]
+    write_records(tmp_path / "records", records)
+    assert main([str(tmp_path), "--n-resamples", "200"]) == 0
+    assert "bad line" not in capsys.readouterr().err
+    runs = pd.read_csv(tmp_path / "tables" / "runs.csv")
+    assert list(runs["Family"]) == ["toy", "toy"] and list(runs["Method"]) == ["AR", "fast"]
+    assert list(runs["B"]) == [8, 8] and list(runs["Questions"]) == [3, 3] and runs["Tokens/s"].gt(0).all()
+    assert "toy-1" in (tmp_path / "tables" / "runs.md").read_text()
+    table2 = pd.read_csv(tmp_path / "tables" / "table2.csv").set_index("Method")
+    assert table2.loc["fast", "NFE/iteration"] == 3 and table2.loc["fast", "Max rows/iteration"] == 3 * 8
+    assert table2.loc["fast", "Formula"] == "-"
+    assert (tmp_path / "figures" / "figure3.png").stat().st_size > 0

@@ -65,9 +65,9 @@ def runs_table(pq: pd.DataFrame) -> Table:
     runs = [(dict(zip(RUN_KEYS, values, strict=True)), g) for values, g in pq.groupby(list(RUN_KEYS), sort=False, dropna=False)]
     runs.sort(
         key=lambda item: (
-            family_rank(item[0]["family"]), item[0]["model"], task_rank(item[0]["task"]), schedule_rank(item[0]["schedule"]),
-            item[0]["width"], item[0]["temperature"], item[0]["verify"], order_rank(item[0]["order"]), item[0]["lora"],
-            item[0]["pad_verify"], item[0]["seed"],
+            family_rank(item[0]["family"]), item[0]["model"], task_rank(item[0]["task"]), item[0]["temperature"],
+            item[0]["verify"], item[0]["lora"], order_rank(item[0]["order"]), schedule_rank(item[0]["schedule"]),
+            item[0]["width"], item[0]["pad_verify"], item[0]["seed"],
         )
     )  # fmt: skip
     for run, g in runs:

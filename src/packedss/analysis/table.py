@@ -84,7 +84,10 @@ def _beside_paper(key, rows: list[dict], keys: list[str], value_names: list[str]
                 break
     for index, p in enumerate(paper_rows):
         if index not in matched:
-            rows.append({k: p.get(k, "") for k in keys} | {f"{c} {PAPER}": p.get(c) for c in paper_cols} | {"_measured": False})
+            row = {k: p.get(k, "") for k in keys} | {f"{c} {PAPER}": p.get(c) for c in paper_cols} | {"_measured": False}
+            # after the last row of its group (the first key: model, temperature half), else at the end
+            same = [i for i, r in enumerate(rows) if keys and str(r.get(keys[0])) == str(row[keys[0]])]
+            rows.insert(same[-1] + 1 if same else len(rows), row)
     return paper_cols, rows
 
 
