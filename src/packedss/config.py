@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from packedss.decoding.trace import TIMINGS
 from packedss.decoding.verify import VERIFY_RULES
@@ -22,20 +23,11 @@ COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 
 
 @dataclass
-class CheckpointConfig:
-    hub_id: Optional[str] = None  # the released weights (used only when download=true or cached)
-    path: Optional[str] = None  # a local checkpoint directory; relative paths resolve from the project root
-
-
-@dataclass
 class ModelConfig:
     name: str = MISSING
     family: str = "nemotron"  # a name of packedss.families.FAMILIES
     hub_id: Optional[str] = None  # the released weights (used only when download=true or cached)
     path: Optional[str] = None  # a local checkpoint directory; relative paths resolve from the project root
-    # Checkpoints trained for a largest width: W runs on the entry with the smallest key >= W
-    # (SetDLM: smax8 serves W <= 8, smax16 W <= 16); empty: hub_id/path serve every width.
-    by_width: dict[int, CheckpointConfig] = field(default_factory=dict)
     download: bool = False  # fetch hub_id when it is not cached locally (never in tests)
     chat: bool = False  # build prompts with the tokenizer's chat template (instruct models)
     # Chat user message per task, replacing the task's prompt_chat (the released evaluation's prompt).
@@ -82,6 +74,16 @@ class RunConfig:
 def register_configs() -> None:
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunConfig)
+    OmegaConf.register_new_resolver("serving_width", serving_width, replace=True)
+
+
+def serving_width(width, *trained: int) -> int:
+    """`${serving_width:${width},8,16}`: of the widths that checkpoints were trained for (SetDLM's
+    smax), the smallest that serves W, so a model config names the checkpoint of each width."""
+    serving = sorted(int(w) for w in trained if int(w) >= int(width))
+    if not serving:
+        raise PackedSSError(f"invalid width={width}: the model's checkpoints serve widths up to {max(map(int, trained))}")
+    return serving[0]
 
 
 def _choice(value, valid, key: str) -> None:
@@ -91,6 +93,12 @@ def _choice(value, valid, key: str) -> None:
 
 def validate(cfg) -> None:
     """Check every value that the schema's types cannot; raises PackedSSError with one message."""
+    if OmegaConf.is_config(cfg):
+        try:
+            OmegaConf.to_container(cfg, resolve=True)
+        except InterpolationResolutionError as err:
+            cause = err.__cause__
+            raise PackedSSError(str(cause) if isinstance(cause, PackedSSError) else str(err)) from None
     _choice(cfg.model.family, tuple(FAMILIES), "model.family")
     family = family_named(cfg.model.family)
     _choice(cfg.schedule.name, family.schedules, f"schedule (for the {family.name} family)")

@@ -75,7 +75,7 @@ def run_job(cfg) -> JobResult:
         # alone and costs up to 100x per op when the cores are shared (OpenMP spin-waits).
         torch.set_num_threads(cfg.threads if cfg.threads > 0 else 1)
     dtype = resolve_dtype_name(cfg.dtype, device)
-    checkpoint = select_checkpoint(cfg.model, cfg.width, cfg.checkpoint_dirs)
+    checkpoint = select_checkpoint(cfg.model, cfg.checkpoint_dirs)
     model_path = resolve_path(cfg.model, checkpoint)
     max_block = family.max_block(read_config(model_path, f"model {cfg.model.name}"))
     validate_width(cfg, max_block)

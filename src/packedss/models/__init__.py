@@ -23,22 +23,10 @@ class Checkpoint:
         return self.path or self.hub_id or "?"
 
 
-def select_checkpoint(model_cfg, width: int, checkpoint_dirs=None) -> Checkpoint:
-    """The checkpoint that serves width W (reads no file). An explicit model.path is the one
-    checkpoint (its own block size bounds W). Otherwise: the `by_width` entry with the smallest
-    key >= W when the model lists any, else the model's hub_id; its local directory comes from
-    `checkpoint_dirs` (hub id -> directory, a paths file) when listed there."""
+def select_checkpoint(model_cfg, checkpoint_dirs=None) -> Checkpoint:
+    """The checkpoint a job runs on (reads no file): model.path when set, else model.hub_id with
+    its local directory from `checkpoint_dirs` (hub id -> directory, a paths file) when listed."""
     hub_id, path = model_cfg.hub_id, model_cfg.path
-    by_width = getattr(model_cfg, "by_width", None)
-    if by_width and not path:
-        serving = sorted(int(key) for key in by_width if int(key) >= width)
-        if not serving:
-            raise PackedSSError(
-                f"model {model_cfg.name}: no checkpoint serves width={width}; its checkpoints serve widths "
-                f"up to {max(int(key) for key in by_width)} (model.by_width)"
-            )
-        entry = by_width[serving[0]]
-        hub_id, path = entry.hub_id, entry.path
     if not path and hub_id and checkpoint_dirs and hub_id in checkpoint_dirs:
         path = checkpoint_dirs[hub_id]
     return Checkpoint(hub_id=hub_id, path=path)
