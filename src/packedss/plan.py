@@ -129,7 +129,7 @@ def describe(cfg, overrides: Sequence[str]) -> PlannedJob:
     from packedss.families import family_named
     from packedss.models import select_checkpoint
 
-    checkpoint = select_checkpoint(cfg.model, cfg.width, cfg.checkpoint_dirs)
+    checkpoint = select_checkpoint(cfg.model, cfg.checkpoint_dirs)
     if checkpoint.hub_id and checkpoint.path:
         checkpoint_label = f"{checkpoint.hub_id} @ {checkpoint.path}"
     else:

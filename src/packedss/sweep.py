@@ -113,7 +113,7 @@ def check_job(cfg) -> Optional[str]:
 
     try:
         validate(cfg)
-        checkpoint = select_checkpoint(cfg.model, cfg.width, cfg.checkpoint_dirs)
+        checkpoint = select_checkpoint(cfg.model, cfg.checkpoint_dirs)
         validate_width(cfg, local_max_block(cfg, checkpoint))
     except PackedSSError as err:
         return str(err)
@@ -122,11 +122,15 @@ def check_job(cfg) -> Optional[str]:
 
 def job_identity(cfg) -> str:
     """Two jobs with the same identity write the same records: the resolved config, with the
-    verification order the job runs (unset and the family's default are the same job)."""
+    verification order and rule the job runs (an unset order is the family's default; greedy
+    runs verify by matching whatever the rule says)."""
     from packedss.config import resolved_order
+    from packedss.decoding import GREEDY
 
     values = OmegaConf.to_container(cfg, resolve=True)
     values["order"] = resolved_order(cfg)
+    if cfg.temperature == 0:
+        values["verify"] = GREEDY
     return json.dumps(values, sort_keys=True)
 
 
