@@ -3,7 +3,8 @@
 Reads every JSONL record under RESULTS_DIR/records (or RESULTS_DIR), reports bad lines with file
 and line number, and writes tables under RESULTS_DIR/tables and figures under
 RESULTS_DIR/figures. Without --tables/--figures it writes all of them; with only one of the two
-options, only what that option names."""
+options, only what that option names. With any table it also writes runs.csv/.md/.tex, one row
+per run of every model family in the records."""
 
 from __future__ import annotations
 

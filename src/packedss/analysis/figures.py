@@ -155,7 +155,7 @@ def ratio_figure(number: int, comparisons: Comparisons, positive: bool) -> Figur
     handles = [Patch(color=schedule_colour(s), label=schedule_label(s)) for s in schedules]
     axes[0].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, title="vs Linear-SS")
     fig.suptitle(title, fontsize=11)
-    fig.text(0.01, 0.005, "Error bars: 95% paired bootstrap CIs. n/a: speed-only task (no accuracy).", fontsize=8, color="#444444")
+    fig.text(0.01, 0.005, "Error bars: 95% paired bootstrap CIs (resampling questions). n/a: speed-only task (no accuracy).", fontsize=8, color="#444444")
     fig.tight_layout(rect=(0, 0.02, 1, 1))
     notes = [f"{len(settings)} settings; pairs per comparison: {', '.join(str(int(n)) for n in data[data['metric'] == 'Throughput ratio']['pairs'])}"]
     return Figure(number, fig, data, notes)
