@@ -228,7 +228,9 @@ def test_any_order_width_is_bounded_by_smax(composed, tmp_path):
 
     checkpoint = tmp_path / "setdlm"
     write_random_setdlm(checkpoint, vocab=write_test_tokenizer(checkpoint))
-    cfg = composed(["model=setdlm1.7b", f"model.path={checkpoint}", f"width={SET_SMAX + 1}", f"out_dir={tmp_path / 'o'}"])
+    # A local checkpoint in place of the released ones: its own smax bounds W.
+    cfg = composed(["model=setdlm1.7b", f"model.path={checkpoint}", "model.hub_id=null", f"width={SET_SMAX + 1}",
+                    f"out_dir={tmp_path / 'o'}"])  # fmt: skip
     with pytest.raises(PackedSSError, match=f"valid widths: 1..{SET_SMAX}"):
         run_job(cfg)
 
