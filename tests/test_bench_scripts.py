@@ -1,21 +1,22 @@
 """The benchmark scripts run end to end on a tiny configuration (they are not timed here: a
-benchmark is never a unit test). Checks what they report, not how fast anything is."""
+benchmark is never a unit test). Checks what they report, not how fast anything is. The two
+--compile tests compile two small shapes each."""
 
 from __future__ import annotations
 
-import importlib
 import json
 import math
-import sys
+import runpy
+from types import SimpleNamespace
 
 import pytest
 
-from packedss.config import PROJECT_ROOT
+from packedss.benchmark.schedules import Recorder, Replay
+from packedss.paths import PROJECT_ROOT
 from tests.conftest import write_random_nemotron_with_tokenizer
 
-sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
-bench_calls = importlib.import_module("bench_calls")
-bench_schedules = importlib.import_module("bench_schedules")
+bench_calls = SimpleNamespace(**runpy.run_path(str(PROJECT_ROOT / "scripts" / "bench_calls.py")))
+bench_schedules = SimpleNamespace(**runpy.run_path(str(PROJECT_ROOT / "scripts" / "bench_schedules.py")))
 
 
 @pytest.fixture(scope="module")
@@ -54,6 +55,25 @@ def test_bench_calls_reports_a_failing_attention_implementation(capsys):
     assert "attn=no_such_attention failed" in capsys.readouterr().out
 
 
+def test_bench_calls_compares_compiled_with_eager_calls(tmp_path, capsys):
+    out = tmp_path / "compiled.json"
+    argv = ["--shape", "test", "--device", "cpu", "--blocks", "1", "--prefix", "3,5", "--warmup", "1",
+            "--iters", "2", "--compile", "default", "--json", str(out)]  # fmt: skip
+    assert bench_calls.main(argv) == 0
+    printed = capsys.readouterr().out
+    run = json.loads(out.read_text())["runs"]["sdpa"]
+    # B = 1: the AR and linear calls have 1 row, the packed and quadratic calls 2: two graphs.
+    assert set(run["compile_s"]) == {"1 rows", "2 rows"}
+    assert sorted((c["prefix"], c["kind"], c["rows"]) for c in run["calls"]) == sorted(
+        (prefix, kind, rows) for prefix in (3, 5)
+        for kind, rows in (("ar", 1), ("linear-draft", 1), ("linear-verify", 1), ("packed", 2), ("quadratic", 2))
+    )  # fmt: skip
+    for c in run["calls"]:
+        assert c["ratio"] == pytest.approx(c["compiled_ms"] / c["eager_ms"])
+    last = printed.strip().splitlines()[-1]
+    assert last == f"compiled/eager median per-call ratio: {run['median_ratio']:.2f}"
+
+
 def test_bench_schedules_interleaves_and_compares(checkpoint, tmp_path, capsys):
     out = tmp_path / "schedules.json"
     argv = ["--model", str(checkpoint), "--task", "arith", "--limit", "3", "--warmup", "1",
@@ -66,10 +86,12 @@ def test_bench_schedules_interleaves_and_compares(checkpoint, tmp_path, capsys):
     report = json.loads(out.read_text())
     rows = report["rows"]
     assert [r["schedule"] for r in rows[:4]] == ["ar", "linear", "quadratic", "packed"]  # interleaved per question
+    assert {r["regime"] for r in rows} == {"eager"} and report["compile_s"] == {}
     assert len(rows) == 4 * 3 and len({r["question_id"] for r in rows}) == 3
     table = {r["Schedule"]: r for r in report["table"]}
     for label, r in table.items():
         assert r["Match (%)"] == 100.0, label  # float64 greedy: every schedule equals AR
+        assert r["Model ms/call"] > 0 and r["Regime"] == "eager"
         assert 0.0 <= r["Non-model (%)"] < 100.0
         assert r["Tokens/s"] > 0 and r["Model ms/iter"] > 0
     assert table["AR"]["Tokens/NFE"] == pytest.approx(sum(r["output_tokens"] for r in rows[:: 4]) /
@@ -92,16 +114,40 @@ def test_bench_schedules_on_random_weights_of_a_shape_with_replay(checkpoint, tm
     assert all(0 < r["Decoder us/iter"] < 1e6 for r in table)
 
 
+def test_bench_schedules_puts_compiled_rows_next_to_eager_rows(checkpoint, tmp_path, capsys):
+    out = tmp_path / "compiled.json"
+    argv = ["--model", str(checkpoint), "--limit", "3", "--schedules", "ar,packed", "--width", "2",
+            "--max-new-tokens", "8", "--dtype", "float64", "--compile", "default", "--n-resamples", "200",
+            "--json", str(out)]  # fmt: skip
+    assert bench_schedules.main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| Packed-SS | compiled:default |" in printed and "compile time per shape" in printed
+    report = json.loads(out.read_text())
+    # AR's 1-row call and packed's 2B = 6-row call, each compiled in the warm-up.
+    assert set(report["compile_s"]["compiled:default"]) == {"1 rows", "6 rows"}
+    assert [(r["schedule"], r["regime"]) for r in report["rows"][:4]] == [
+        ("ar", "eager"), ("ar", "compiled:default"), ("packed", "eager"), ("packed", "compiled:default")]  # fmt: skip
+    table = {(r["Schedule"], r["Regime"]): r for r in report["table"]}
+    assert len(table) == 4
+    for (label, regime), r in table.items():
+        assert r["Match (%)"] == 100.0
+        if regime == "eager":
+            assert math.isnan(r["= eager (%)"]) and "Tok/s vs eager" not in r or isinstance(r.get("Tok/s vs eager"), float)
+        else:
+            assert r["= eager (%)"] == 100.0 and r["Graph calls (%)"] == 100.0, label
+            assert r["_vs_eager_low"] <= r["_vs_eager"] <= r["_vs_eager_high"]
+
+
 def test_replay_reproduces_the_decode_without_the_model(checkpoint):
-    from packedss.decoding import DecodeSettings, Sampling, decode
+    from packedss.decoding import LTRSettings, Sampling, decode_ltr
     from packedss.models.nemotron import load_nemotron
 
     model = load_nemotron(checkpoint, dtype="float64")
-    settings = DecodeSettings("packed", 3, 10, model.eos_token_ids, Sampling(0.0, "rejection", None))
-    recorder = bench_schedules._Recorder(model)
-    real = decode(recorder, [5, 9, 11, 30, 7], settings)
-    replay = bench_schedules._Replay(recorder.log, model.device, model.mask_token_id)
-    again = decode(replay, [5, 9, 11, 30, 7], settings)
+    settings = LTRSettings("packed", 3, 10, model.eos_token_ids, Sampling(0.0, "rejection", None))
+    recorder = Recorder(model)
+    real = decode_ltr(recorder, [5, 9, 11, 30, 7], settings)
+    replay = Replay(recorder.log, model.device, model.mask_token_id)
+    again = decode_ltr(replay, [5, 9, 11, 30, 7], settings)
     assert again.tokens == real.tokens and again.nfe_total == real.nfe_total == replay.index
 
 

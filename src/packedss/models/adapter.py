@@ -9,6 +9,7 @@ through compiled fixed-shape graphs instead.
 
 from __future__ import annotations
 
+import copy
 import weakref
 
 import torch
@@ -48,6 +49,17 @@ class BackboneAdapter:
         # id(attend) -> its additive (R, R) form; an entry lives exactly as long as its attend
         # tensor (the decoder's per-shape layouts live for the process, a prefill's for one call).
         self._biases: dict[int, torch.Tensor] = {}
+
+    def twin(self) -> BackboneAdapter:
+        """A second adapter of the same class over the same backbone, head and proposal LoRA, with
+        its own (eager, empty) cache: two call paths side by side on one set of weights."""
+        other = copy.copy(self)
+        other.cache = DynamicCache(config=self.backbone.config)
+        other.static = None
+        other.call_stats = {}
+        other._pending_rows = None
+        other._biases = {}
+        return other
 
     @property
     def cached_rows(self) -> int:

@@ -14,8 +14,8 @@ Quadratic-SS B(B+1)), so each can run one compiled graph:
   (R, R) rule, every other column (cache slots past the committed length) holds the dtype's
   minimum;
 - the backbone + head forward is compiled with `torch.compile` (static shapes) for a row count
-  once it was seen twice while warm-up is open (`end_warmup` closes it), at most `MAX_GRAPHS`
-  graphs (a LoRA call is its own graph). Shapes first seen later, or past the bound, run the
+  once it was seen twice while warm-up is open (`end_warmup` closes it), at most `max_graphs`
+  graphs (a call with the proposal LoRA on is its own graph: the LoRA hooks compile with it). Shapes first seen later, or past the bound, run the
   same forward eagerly on the same buffers (counted in `calls["eager"]`), so no compilation ever
   happens inside a timed decode;
 - prefill (the call on an empty cache) always runs eagerly: its length varies with the prompt.
@@ -38,7 +38,7 @@ from packedss.errors import PackedSSError
 log = logging.getLogger(__name__)
 
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
-MAX_GRAPHS = 8  # compiled graphs per adapter; further shapes run eagerly
+MAX_GRAPHS = 8  # compiled graphs per adapter by default; further shapes run eagerly
 SIGHTINGS_TO_COMPILE = 2  # a shape seen once (e.g. a rare any-order row count) is not worth a graph
 
 
@@ -87,7 +87,8 @@ class _MaskBuffer:
 class StaticCalls:
     """Executes calls for a BackboneAdapter on a StaticCache (see the module docstring)."""
 
-    def __init__(self, backbone: PreTrainedModel, head: nn.Module, mode: str, capacity: int):
+    def __init__(self, backbone: PreTrainedModel, head: nn.Module, mode: str, capacity: int,
+                 max_graphs: int = MAX_GRAPHS):  # fmt: skip
         if mode not in COMPILE_MODES or mode == "none":
             raise PackedSSError(f"invalid compile mode {mode!r} for the static path; valid: {', '.join(COMPILE_MODES[1:])}")
         if capacity < 1:
@@ -108,6 +109,7 @@ class StaticCalls:
         self.mode = mode
         self.backbone, self.head = backbone, head
         self.capacity = capacity
+        self.max_graphs = max_graphs
         self.cache = StaticCache(config=config, max_cache_len=capacity)
         heads = config.num_key_value_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -124,7 +126,7 @@ class StaticCalls:
         self.calls = {"compiled": 0, "eager": 0, "prefill": 0}
         # Every graph of every instance is a cache entry of the one `_forward` code object, which
         # dynamo bounds by recompile_limit (past it, it would silently run eagerly): make room.
-        torch._dynamo.config.recompile_limit += MAX_GRAPHS
+        torch._dynamo.config.recompile_limit += max_graphs
         self._compiled = torch.compile(self._forward, mode=mode, dynamic=False, fullgraph=True)
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -177,7 +179,7 @@ class StaticCalls:
     def _admit(self, key: tuple[int, bool]) -> bool:
         """Whether to compile `key`'s graph now: the warm-up is open, the shape was seen before
         and the bound allows another graph."""
-        if not self.compiling or len(self._graphs) >= MAX_GRAPHS:
+        if not self.compiling or len(self._graphs) >= self.max_graphs:
             return False
         self._sightings[key] = self._sightings.get(key, 0) + 1
         if self._sightings[key] < SIGHTINGS_TO_COMPILE:
@@ -202,15 +204,21 @@ class StaticCalls:
         return dict(self.compile_s)
 
 
-def enable_static(adapter, mode: str, capacity: int):
+def enable_static(adapter, mode: str, capacity: int, max_graphs: int = MAX_GRAPHS):
     """Switch a BackboneAdapter (or subclass) to the static call path of `mode` with a cache of
     `capacity` rows (see static_capacity); mode "none" switches it back to eager DynamicCache
     calls. Returns the adapter. Compilation stays open until `end_warmup(adapter)`."""
     if mode not in COMPILE_MODES:
         raise PackedSSError(f"invalid model.compile={mode!r}; valid: {', '.join(COMPILE_MODES)}")
-    adapter.static = None if mode == "none" else StaticCalls(adapter.backbone, adapter.head, mode, capacity)
+    adapter.static = None if mode == "none" else StaticCalls(adapter.backbone, adapter.head, mode, capacity, max_graphs)
     adapter.reset()
     return adapter
+
+
+def static_twin(adapter, mode: str, capacity: int, max_graphs: int = MAX_GRAPHS):
+    """A second adapter over the same weights with the static path on (`adapter` stays eager):
+    eager and compiled calls side by side in one process."""
+    return enable_static(adapter.twin(), mode, capacity, max_graphs)
 
 
 def end_warmup(adapter) -> dict[str, float]:

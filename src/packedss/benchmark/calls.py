@@ -1,0 +1,276 @@
+"""Latency of ONE model call against its number of rows and the cached prefix length.
+
+For every block size B (= W + 1) and cached prefix length C, the calls each LTR schedule makes
+per iteration are built with the schedules' own call builders (so the masks and positions are
+the real ones) on a model of any shape (random weights are fine: the latency of a call does not
+depend on the values of the weights):
+
+    ar             1 row         one AR step (compared with --compile only)
+    linear-draft   B rows        the diffusion block [last, MASK x W]
+    linear-verify  B rows        the causal verify rows [last, d_1..d_W]
+    packed         2B rows       verify rows + the one-call-ahead draft block
+    quadratic      B(B+1) rows   verify rows + B draft blocks
+
+Each call runs on a cache of exactly C rows and is cropped back after it (commit(0)), as in
+decoding. The calls of one (C, B) are timed round-robin, median over `iters` timed calls each,
+after `warmup` untimed rounds. Shapes (SHAPES) are the backbone sizes of the public Ministral-3
+text configs the Nemotron-Labs-Diffusion models are built on (our reading).
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from packedss.decoding.calls import causal_segment, draft_block, pack
+from packedss.decoding.schedules import packed_call, quadratic_call
+from packedss.models.adapter import BackboneAdapter
+from packedss.models.checkpoint import default_dtype, read_config
+from packedss.models.nemotron import backbone_config
+from packedss.models.static import end_warmup, largest_call_rows, static_twin
+
+_ROPE = {"rope_type": "default", "rope_theta": 1_000_000.0, "llama_4_scaling_beta": 0.1,
+         "original_max_position_embeddings": 16384}  # fmt: skip
+SHAPES = {
+    # The shipped tiny model (scripts/train_tiny.py defaults).
+    "tiny": dict(hidden_size=192, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=48, vocab_size=1024),
+    # Ministral-3 3B / 8B text backbones (Nemotron-Labs-Diffusion-3B / -8B).
+    "nemotron3b": dict(hidden_size=3072, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=32,
+                       num_key_value_heads=8, head_dim=128, vocab_size=131072),
+    "nemotron8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=34, num_attention_heads=32,
+                       num_key_value_heads=8, head_dim=128, vocab_size=131072),
+    # A toy shape for the benchmarks' own tests.
+    "test": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=8, vocab_size=64),
+}  # fmt: skip
+PAPER_TABLE5_MS = {"linear": 54.41, "packed": 28.58, "quadratic": 28.90}  # Nemotron 8B GSM8K
+KINDS = ("linear-draft", "linear-verify", "packed", "quadratic")
+COMPILE_KINDS = ("ar", *KINDS)
+
+
+def shape_config(shape: str | None, config: str | None) -> dict:
+    """config.json-style dict of the backbone: a named shape, or a checkpoint's config.json."""
+    if config:
+        path = Path(config)
+        return read_config(path.parent if path.is_file() else path, f"config {config}")
+    if shape not in SHAPES:
+        raise SystemExit(f"unknown shape {shape!r}; valid: {', '.join(SHAPES)} (or --config DIR)")
+    return dict(SHAPES[shape], max_position_embeddings=16384, rope_parameters=dict(_ROPE), rms_norm_eps=1e-5,
+                tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2, mask_token_id=3)  # fmt: skip
+
+
+def random_adapter(config: dict, device: torch.device, dtype: torch.dtype, attn: str = "sdpa",
+                   vocab_at_least: int = 0, mask_token_id: int | None = None,
+                   eos_token_ids: tuple[int, ...] = (), seed: int = 0, name: str = "random") -> BackboneAdapter:  # fmt: skip
+    """A BackboneAdapter over a randomly initialised Ministral3 backbone + head of this shape."""
+    from transformers import Ministral3Model
+
+    text = dict(config.get("text_config", config))
+    text["vocab_size"] = max(int(text.get("vocab_size", 0)), vocab_at_least)
+    cfg = backbone_config(text)
+    cfg._attn_implementation = attn
+    torch.manual_seed(seed)
+    with torch.device(device), default_dtype(dtype), torch.no_grad():
+        backbone = Ministral3Model(cfg)
+        head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+    mask = mask_token_id if mask_token_id is not None else int(config.get("mask_token_id", text.get("mask_token_id", 3)))
+    return BackboneAdapter(backbone, head, mask_token_id=mask, eos_token_ids=eos_token_ids, block_size=None, name=name)
+
+
+class Timer:
+    """Times `adapter.run` calls: CUDA events on a GPU (read after one synchronize), else the host
+    clock around run + synchronize. Every call is cropped back after it (commit(0))."""
+
+    def __init__(self, adapter: BackboneAdapter):
+        self.adapter = adapter
+        self.cuda = adapter.device.type == "cuda"
+
+    def one(self, call):
+        """The seconds of one call (on CUDA: its pair of events, read by `seconds`)."""
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            self.adapter.run(call)
+            end.record()
+            self.adapter.commit(0)
+            return start, end
+        t0 = time.perf_counter()
+        self.adapter.run(call)
+        self.adapter.synchronize()
+        elapsed = time.perf_counter() - t0
+        self.adapter.commit(0)
+        return elapsed
+
+    def seconds(self, measured: list) -> list[float]:
+        if not self.cuda:
+            return measured
+        torch.cuda.synchronize(self.adapter.device)
+        return [start.elapsed_time(end) / 1000.0 for start, end in measured]
+
+
+def round_robin(timers: dict[str, Timer], calls: dict, warmup: int, iters: int) -> dict[tuple[str, str], list[float]]:
+    """(timer name, call kind) -> seconds of `iters` calls, timed A B C D A B C D ... after
+    `warmup` untimed rounds, so that a drift of the machine hits every call and timer alike."""
+    measured = {(name, kind): [] for name in timers for kind in calls}
+    for i in range(warmup + iters):
+        for kind, call in calls.items():
+            for name, timer in timers.items():
+                value = timer.one(call)
+                if i >= warmup:
+                    measured[(name, kind)].append(value)
+    return {key: timers[key[0]].seconds(values) for key, values in measured.items()}
+
+
+def iteration_calls(adapter: BackboneAdapter, block: int, position: int, kinds=KINDS) -> dict:
+    """The calls of one iteration of each schedule at block size B, for a cache of `position` rows."""
+    device, width, mask = adapter.device, block - 1, adapter.mask_token_id
+    gen = torch.Generator().manual_seed(block)
+    vocab = min(adapter.head.out_features, 1000)
+    last = torch.randint(4, vocab, (1,), generator=gen).to(device)
+    drafts = torch.randint(4, vocab, (width,), generator=gen).to(device)
+    builders = {
+        "ar": lambda: pack([causal_segment(last, position)]),
+        "linear-draft": lambda: pack([draft_block(last, position, width, mask)]),
+        "linear-verify": lambda: pack([causal_segment(torch.cat([last, drafts]), position)]),
+        "packed": lambda: packed_call(last, drafts, position, width, mask, pad_verify=True),
+        "quadratic": lambda: quadratic_call(last, drafts, position, mask),
+    }
+    return {kind: builders[kind]() for kind in kinds}
+
+
+def prefill(adapter: BackboneAdapter, rows: int, chunk: int = 1024) -> None:
+    """A cache of exactly `rows` rows (random tokens, causal), written in chunks."""
+    adapter.reset()
+    gen = torch.Generator().manual_seed(rows)
+    tokens = torch.randint(4, min(adapter.head.out_features, 1000), (rows,), generator=gen).to(adapter.device)
+    with torch.inference_mode():
+        for start in range(0, rows, chunk):
+            piece = tokens[start : start + chunk]
+            adapter.run(pack([causal_segment(piece, start)]))
+            adapter.commit(piece.shape[0])
+
+
+def _progress(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def bench(adapter: BackboneAdapter, blocks: list[int], prefixes: list[int], warmup: int, iters: int) -> list[dict]:
+    """Median per-call times of the KINDS at every (C, B)."""
+    timers, results = {"eager": Timer(adapter)}, []
+    for prefix in prefixes:
+        prefill(adapter, prefix)
+        for block in blocks:
+            calls = iteration_calls(adapter, block, prefix)
+            for (_, kind), times in round_robin(timers, calls, warmup, iters).items():
+                results.append({
+                    "prefix": prefix, "block": block, "kind": kind, "rows": calls[kind].rows,
+                    "median_ms": 1000 * statistics.median(times), "min_ms": 1000 * min(times),
+                    "iters": len(times),
+                })  # fmt: skip
+                _progress(f"  C={prefix:5d} B={block:3d} {kind:14s} rows={calls[kind].rows:5d} "
+                          f"median {results[-1]['median_ms']:8.3f} ms")  # fmt: skip
+        adapter.reset()
+    return results
+
+
+def bench_compiled(adapter: BackboneAdapter, mode: str, blocks: list[int], prefixes: list[int], warmup: int,
+                   iters: int) -> tuple[list[dict], dict[str, float]]:  # fmt: skip
+    """Eager calls of `adapter` against the same calls on its static twin compiled with `mode`,
+    timed round-robin in this process. Every shape is compiled first (two untimed calls each at
+    the first prefix), then compilation is closed. Returns the per-call results and the compile
+    seconds per shape."""
+    capacity = max(prefixes) + largest_call_rows(max(blocks) - 1)
+    shapes = {call.rows for block in blocks for call in iteration_calls(adapter, block, 0, COMPILE_KINDS).values()}
+    compiled = static_twin(adapter, mode, capacity, max_graphs=len(shapes))
+    prefill(compiled, prefixes[0])
+    for block in blocks:
+        for call in iteration_calls(compiled, block, prefixes[0], COMPILE_KINDS).values():
+            for _ in range(2):  # the second sighting of a shape compiles it
+                compiled.run(call)
+                compiled.commit(0)
+    compile_s = end_warmup(compiled)
+    timers, results = {"eager": Timer(adapter), "compiled": Timer(compiled)}, []
+    for prefix in prefixes:
+        prefill(adapter, prefix)
+        prefill(compiled, prefix)
+        for block in blocks:
+            calls = iteration_calls(adapter, block, prefix, COMPILE_KINDS)
+            times = round_robin(timers, calls, warmup, iters)
+            for kind, call in calls.items():
+                eager_ms = 1000 * statistics.median(times[("eager", kind)])
+                compiled_ms = 1000 * statistics.median(times[("compiled", kind)])
+                results.append({"prefix": prefix, "block": block, "kind": kind, "rows": call.rows,
+                                "eager_ms": eager_ms, "compiled_ms": compiled_ms, "ratio": compiled_ms / eager_ms,
+                                "iters": iters})  # fmt: skip
+                _progress(f"  C={prefix:5d} B={block:3d} {kind:14s} rows={call.rows:5d} eager {eager_ms:8.3f} ms "
+                          f"compiled {compiled_ms:8.3f} ms")  # fmt: skip
+    adapter.reset()
+    return results, compile_s
+
+
+def per_iteration(results: list[dict]) -> dict:
+    """(prefix, block) -> per-iteration model ms of each schedule, and the 2B/B call ratio."""
+    by = {(r["prefix"], r["block"], r["kind"]): r["median_ms"] for r in results}
+    out = {}
+    for prefix, block in sorted({(r["prefix"], r["block"]) for r in results}):
+        get = lambda kind: by[(prefix, block, kind)]  # noqa: E731
+        out[(prefix, block)] = {
+            "linear": get("linear-draft") + get("linear-verify"),
+            "packed": get("packed"),
+            "quadratic": get("quadratic"),
+            "ratio_2B_B": get("packed") / get("linear-verify"),
+        }
+    return out
+
+
+def render(results: list[dict], header: str) -> str:
+    lines = [header, "", "Per-call model time (median ms) by rows:", ""]
+    lines.append("| C | B | B rows: draft | B rows: verify | 2B rows: packed | B(B+1) rows: quadratic | 2B / B |")
+    lines.append("|---:|---:|---:|---:|---:|---:|---:|")
+    by = {(r["prefix"], r["block"], r["kind"]): r for r in results}
+    iters = per_iteration(results)
+    for prefix, block in iters:
+        cell = lambda kind: f"{by[(prefix, block, kind)]['median_ms']:.3f}"  # noqa: E731
+        lines.append(f"| {prefix} | {block} | {cell('linear-draft')} | {cell('linear-verify')} | {cell('packed')} "
+                     f"({2 * block}) | {cell('quadratic')} ({block * (block + 1)}) | "
+                     f"{iters[(prefix, block)]['ratio_2B_B']:.2f}x |")  # fmt: skip
+    lines += ["", "Per-iteration model time (ms): Linear-SS = draft + verify call; Packed-SS, Quadratic-SS = one call", ""]
+    lines.append("| C | B | Linear-SS | Packed-SS | Quadratic-SS | Packed / Linear |")
+    lines.append("|---:|---:|---:|---:|---:|---:|")
+    for (prefix, block), it in iters.items():
+        lines.append(f"| {prefix} | {block} | {it['linear']:.3f} | {it['packed']:.3f} | {it['quadratic']:.3f} | "
+                     f"{it['packed'] / it['linear']:.2f} |")  # fmt: skip
+    blocks = {b for _, b in iters}
+    if {8, 32} <= blocks:
+        lines += ["", "Table 5 pairing (Linear, Packed at B = 32; Quadratic at B = 8), ms per iteration:", ""]
+        lines.append("| C | Linear-SS (32+32 rows) | Packed-SS (64 rows) | Quadratic-SS (72 rows) | paper (8B) |")
+        lines.append("|---:|---:|---:|---:|---|")
+        paper = " / ".join(f"{v:.2f}" for v in PAPER_TABLE5_MS.values())
+        for prefix in sorted({p for p, _ in iters}):
+            lines.append(f"| {prefix} | {iters[(prefix, 32)]['linear']:.3f} | {iters[(prefix, 32)]['packed']:.3f} | "
+                         f"{iters[(prefix, 8)]['quadratic']:.3f} | {paper} |")  # fmt: skip
+    return "\n".join(lines)
+
+
+def median_ratio(results: list[dict]) -> float:
+    """The median over call shapes of compiled/eager per-call time."""
+    return statistics.median(r["ratio"] for r in results)
+
+
+def render_compiled(results: list[dict], compile_s: dict[str, float], header: str) -> str:
+    lines = [header, "", "Compiled against eager calls of the same shapes (median ms, round-robin):", ""]
+    lines.append("| C | W | call | rows | eager ms | compiled ms | compiled / eager |")
+    lines.append("|---:|---:|---|---:|---:|---:|---:|")
+    for r in results:
+        lines.append(f"| {r['prefix']} | {r['block'] - 1} | {r['kind']} | {r['rows']} | {r['eager_ms']:.3f} | "
+                     f"{r['compiled_ms']:.3f} | {r['ratio']:.2f} |")  # fmt: skip
+    shapes = ", ".join(f"{label} {seconds:.1f} s" for label, seconds in compile_s.items())
+    lines += ["", f"compile time per shape (untimed warm-up): {shapes}",
+              f"compiled/eager median per-call ratio: {median_ratio(results):.2f}"]  # fmt: skip
+    return "\n".join(lines)

@@ -1,0 +1,355 @@
+"""Side-by-side benchmark of the schedules on one model and task, in one process.
+
+After a warm-up (every schedule decodes the first `warmup` questions, untimed, in every regime),
+the schedules run interleaved over the same questions (q1: A B C, q2: A B C, ...; `repeats`
+times each), so that drifts of the machine hit every schedule alike. With `compile` set, every
+decode also runs on the compiled static call path (packedss.models.static) right after its
+eager twin, on the same weights: the two regimes sit in one table. Compilation happens in the
+warm-up only; its seconds per shape are reported apart.
+
+Columns: Tokens/s, Tokens/NFE, Time/NFE (ms), NFE (mean per response), Model ms/call (model
+time per call after prefill), Model ms/iter, Non-model share of wall (%), Match (% of
+questions whose output equals the reference schedule's in the same regime: AR when it runs,
+else the first), = eager (% of questions whose compiled output equals the same schedule's eager
+output), Graph calls (% of the compiled regime's calls after prefill that ran a compiled graph),
+Accuracy, the throughput ratio to Linear-SS in the same regime and, for compiled rows, to the
+same schedule's eager run, each with its 95% paired bootstrap CI
+(packedss.analysis.bootstrap.compare: questions paired, BCa), and with `replay` the decoder's
+own time per iteration (every call's logits recorded, then the same decodes replayed against a
+zero-cost model; best of 5).
+
+Definitions are the paper's (SPEC §6): aggregate totals; non-model share = Σ(wall - model) /
+Σwall, where wall is the decoder's inclusive time (prompt included) and model the summed
+per-call model time (synchronized host time on CPU, CUDA events on a GPU).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+
+from packedss.analysis.bootstrap import N_RESAMPLES, compare
+from packedss.analysis.metrics import SCHEDULE_LABELS
+from packedss.decoding import Sampling, question_seed
+from packedss.families import family_named
+from packedss.models.static import end_warmup, static_capacity, static_twin
+from packedss.records import output_hash
+from packedss.tasks.stops import make_stop_check, output_text
+
+EAGER = "eager"
+
+
+@dataclass
+class BenchSettings:
+    """What one benchmark run measures (the command line of scripts/bench_schedules.py)."""
+
+    model: str = "tiny"  # a conf/model name, or a Nemotron-format checkpoint directory
+    model_path: str | None = None  # local directory for a named model (model.path)
+    shape: str | None = None  # random weights of a named shape (packedss.benchmark.calls.SHAPES)
+    config: str | None = None  # random weights of the shape in this config.json / directory
+    task: str = "arith"
+    data_dir: str | None = None
+    limit: int = 30
+    schedules: list[str] = field(default_factory=lambda: ["linear", "quadratic", "packed"])
+    width: int = 8
+    quadratic_width: int | None = None
+    pad_verify: bool = True
+    order: str | None = None  # any-order families: the verification order (None: the family's first)
+    temperature: float = 0.0
+    verify: str = "rejection"
+    seed: int = 0
+    max_new_tokens: int | None = None
+    repeats: int = 1
+    warmup: int = 1
+    device: str = "auto"
+    dtype: str = "auto"
+    timing: str = "sync"
+    compile: str = "none"  # a packedss.models.static mode: compiled rows next to the eager ones
+    grade: bool = True
+    n_resamples: int = N_RESAMPLES
+    replay: bool = False
+
+
+@dataclass
+class Report:
+    header: str
+    table: pd.DataFrame
+    rows: list[dict]
+    compile_s: dict[str, float]
+
+
+def compose_run_config(overrides: list[str]):
+    """The run config that `python run.py OVERRIDES` would run (Hydra's compose API over conf/)."""
+    from hydra import compose, initialize_config_dir
+
+    from packedss.config import register_configs
+    from packedss.paths import CONF_DIR
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="bench"):
+        return compose(config_name="config", overrides=overrides)
+
+
+def _model_overrides(s: BenchSettings) -> list[str]:
+    if Path(s.model).is_dir():  # a checkpoint directory: read as the tiny model's format and tokenizer
+        directory = Path(s.model).resolve()
+        return ["model=tiny", f"model.path='{directory}'", f"model.name='{directory.name}'", "model.lora=false"]
+    return [f"model={s.model}"] + ([f"model.path='{s.model_path}'"] if s.model_path else [])
+
+
+def load(s: BenchSettings, device: torch.device, dtype: str):
+    """(run config, adapter, tokenizer, label) of the settings' model and task."""
+    from packedss.models import load_model, resolve_path, select_checkpoint
+    from packedss.models.checkpoint import read_config, resolve_dtype
+
+    cfg = compose_run_config(_model_overrides(s) + [f"task={s.task}"])
+    family = family_named(cfg.model.family)
+    path = resolve_path(cfg.model, select_checkpoint(cfg.model, cfg.checkpoint_dirs))
+    if not (s.shape or s.config):
+        adapter, tokenizer = load_model(cfg.model, family, path, device, dtype)
+        return cfg, adapter, tokenizer, cfg.model.name
+    from transformers import AutoTokenizer
+
+    from packedss.benchmark.calls import random_adapter, shape_config
+
+    if family.name != "nemotron":
+        raise SystemExit(f"--shape/--config build random Nemotron-layout weights; {s.model} is a {family.name} model")
+    checkpoint = read_config(path, f"model {cfg.model.name}")
+    eos = checkpoint.get("eos_token_id")
+    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    what = s.shape or Path(s.config).name
+    adapter = random_adapter(
+        shape_config(s.shape, s.config), device, resolve_dtype(dtype), vocab_at_least=len(tokenizer),
+        mask_token_id=int(checkpoint["mask_token_id"]),
+        eos_token_ids=tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ()), name=f"random-{what}",
+    )  # fmt: skip
+    return cfg, adapter, tokenizer, f"{cfg.model.name} tokenizer + random {what} weights"
+
+
+class Recorder:
+    """Passes calls to the model and keeps every call's logits (for `replay_overhead`)."""
+
+    def __init__(self, model):
+        self.model, self.device, self.mask_token_id, self.log = model, model.device, model.mask_token_id, []
+
+    def run(self, call):
+        logits = self.model.run(call)
+        self.log.append(logits)
+        return logits
+
+    def commit(self, rows):
+        self.model.commit(rows)
+
+    def reset(self):
+        self.model.reset()
+
+    def synchronize(self):
+        self.model.synchronize()
+
+
+class Replay:
+    """A zero-cost model: returns the recorded logits of each call in turn."""
+
+    def __init__(self, log, device, mask_token_id):
+        self.log, self.device, self.mask_token_id, self.index = log, device, mask_token_id, 0
+
+    def run(self, call):
+        self.index += 1
+        return self.log[self.index - 1]
+
+    def commit(self, rows):
+        pass
+
+    def reset(self):
+        pass
+
+    def synchronize(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def replay_overhead(decode, adapter, jobs, rounds: int = 5) -> float:
+    """The decoder's own time per iteration, in microseconds: every call's logits are recorded
+    with the real model, then the same decodes run again against a model that returns them at no
+    cost (identical control flow), best of `rounds`. `jobs` = [(prompt, settings, stop_check)]."""
+    logs, iterations = [], 0
+    for prompt, settings, stop_check in jobs:
+        recorder = Recorder(adapter)
+        iterations += decode(recorder, prompt, settings, stop_check).iterations
+        logs.append(recorder.log)
+    best = math.inf
+    for _ in range(rounds):
+        started = time.perf_counter()
+        for (prompt, settings, stop_check), log in zip(jobs, logs, strict=True):
+            decode(Replay(log, adapter.device, adapter.mask_token_id), prompt, settings, stop_check)
+        best = min(best, time.perf_counter() - started)
+    return 1e6 * best / max(iterations, 1)
+
+
+def _ratio_cell(run: pd.DataFrame, base: pd.DataFrame, n_resamples: int) -> tuple[str, float, float, float]:
+    ci = compare(run, base, n_resamples).throughput_ratio
+    return ci.format(3), ci.estimate, ci.low, ci.high
+
+
+def summarize(frame: pd.DataFrame, reference: str, base: str, n_resamples: int) -> pd.DataFrame:
+    """One row per (schedule, regime) of the per-question rows in `frame`."""
+    rows = []
+    for (schedule, regime), run in frame.groupby(["schedule", "regime"], sort=False):
+        same_regime = frame[frame["regime"] == regime]
+        ref = same_regime[same_regime["schedule"] == reference].set_index("question_id")["output_hash"]
+        tokens, wall, nfe = run["output_tokens"].sum(), run["wall_s"].sum(), run["nfe_total"].sum()
+        model, iterations = run["model_s"].sum(), run["iterations"].sum()
+        decode_model = model - run["prefill_s"].sum()
+        hashes = run.set_index("question_id")["output_hash"]
+        row = {
+            "Schedule": SCHEDULE_LABELS.get(schedule, schedule),
+            "Regime": regime,
+            "W": int(run["width"].iloc[0]),
+            "Tokens/s": tokens / wall,
+            "Tokens/NFE": tokens / nfe,
+            "Time/NFE (ms)": 1000 * wall / nfe,
+            "NFE": run["nfe_total"].mean(),
+            "Model ms/call": 1000 * decode_model / max(nfe - len(run), 1),
+            "Model ms/iter": 1000 * decode_model / max(iterations, 1),
+            "Non-model (%)": 100 * (wall - model) / wall,
+            "Match (%)": 100 * (hashes == ref.reindex(hashes.index)).mean(),
+            "= eager (%)": math.nan,
+            "Graph calls (%)": math.nan,
+            "Accuracy (%)": 100 * run["correct_f"].mean() if run["correct_f"].notna().any() else math.nan,
+        }
+        baseline = same_regime[same_regime["schedule"] == base]
+        if schedule == base:
+            row["Tok/s vs Linear-SS"] = "1"
+        elif not baseline.empty:
+            row["Tok/s vs Linear-SS"], row["_ratio"], row["_low"], row["_high"] = _ratio_cell(run, baseline, n_resamples)
+        if regime != EAGER:
+            eager = frame[(frame["regime"] == EAGER) & (frame["schedule"] == schedule)]
+            eager_hashes = eager.set_index("question_id")["output_hash"]
+            row["= eager (%)"] = 100 * (hashes == eager_hashes.reindex(hashes.index)).mean()
+            row["Graph calls (%)"] = 100 * run["graph_calls"].sum() / max(run["graph_calls"].sum() + run["eager_calls"].sum(), 1)
+            row["Tok/s vs eager"], row["_vs_eager"], row["_vs_eager_low"], row["_vs_eager_high"] = _ratio_cell(
+                run, eager, n_resamples
+            )
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+FORMATS = {"Tokens/s": "{:.1f}", "Tokens/NFE": "{:.3f}", "Time/NFE (ms)": "{:.3f}", "NFE": "{:.2f}",
+           "Model ms/call": "{:.3f}", "Model ms/iter": "{:.3f}", "Non-model (%)": "{:.1f}", "Decoder us/iter": "{:.1f}",
+           "Match (%)": "{:.0f}", "= eager (%)": "{:.0f}", "Graph calls (%)": "{:.0f}", "Accuracy (%)": "{:.1f}"}  # fmt: skip
+
+
+def markdown(table: pd.DataFrame) -> str:
+    """The table in Markdown; columns that hold nothing (e.g. the compiled ones of an eager run) are left out."""
+    shown = [c for c in table.columns if not c.startswith("_") and table[c].notna().any()]
+    align = {"Schedule": "---", "Regime": "---"}
+    lines = ["| " + " | ".join(shown) + " |", "|" + "|".join(align.get(c, "---:") for c in shown) + "|"]
+    for _, row in table.iterrows():
+        cells = []
+        for c in shown:
+            v = row[c]
+            if v is None or (isinstance(v, float) and math.isnan(v)):
+                cells.append("-")
+            else:
+                cells.append(FORMATS[c].format(v) if c in FORMATS else str(v))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run(s: BenchSettings) -> Report:
+    """Decode the questions with every schedule (and regime), interleaved; the summary table."""
+    device = torch.device("cuda" if s.device == "auto" and torch.cuda.is_available() else
+                          ("cpu" if s.device == "auto" else s.device))  # fmt: skip
+    dtype = ("bfloat16" if device.type == "cuda" else "float32") if s.dtype == "auto" else s.dtype
+    cfg, adapter, tokenizer, label = load(s, device, dtype)
+    family = family_named(cfg.model.family)
+    unknown = [x for x in s.schedules if x not in family.schedules]
+    if unknown:
+        raise SystemExit(f"unknown schedules {unknown} for the {family.name} family; valid: {', '.join(family.schedules)}")
+    from packedss.runner import end_of_turn_ids, question_prompt_ids, task_config_for
+    from packedss.tasks import load_task
+
+    chat = bool(cfg.model.chat)
+    task = load_task(task_config_for(cfg), data_dir=s.data_dir)
+    questions = task.questions(s.warmup + s.limit)
+    warm, timed = questions[: s.warmup], questions[s.warmup :]
+    if not timed:  # fewer questions than warm-up + limit: warm up on the first, time all of them
+        warm, timed = questions[:1], questions
+    timed = timed[: s.limit]
+    stops = task.stop_for(chat)
+    stop_check = make_stop_check(tokenizer, stops)
+    max_new = s.max_new_tokens or task.max_new_tokens
+    eos = adapter.eos_token_ids + end_of_turn_ids(cfg.model, tokenizer)
+    prompts = {q.question_id: question_prompt_ids(task, tokenizer, q, chat) for q in questions}
+    width_of = {x: (s.quadratic_width or s.width) if x == "quadratic" else s.width for x in s.schedules}
+    models = {EAGER: adapter}
+    if s.compile != "none":
+        capacity = static_capacity(max(map(len, prompts.values())), max_new, max(width_of.values()))
+        models[f"compiled:{s.compile}"] = static_twin(adapter, s.compile, capacity)
+    family_fields = {"pad_verify": s.pad_verify} if family.name == "nemotron" else {"order": s.order or family.orders[0]}
+
+    def settings_for(schedule: str, question):
+        generator = None
+        if s.temperature > 0:
+            generator = torch.Generator(device=device).manual_seed(question_seed(s.seed, question.question_id, 0))
+        return family.settings_type(schedule=schedule, width=width_of[schedule], max_new_tokens=max_new,
+                                    eos_token_ids=eos, sampling=Sampling(s.temperature, s.verify, generator),
+                                    timing=s.timing, **family_fields)  # fmt: skip
+
+    def decode(regime: str, schedule: str, question):
+        model = models[regime]
+        before = dict(model.static.calls) if model.static is not None else None
+        out = family.decode(model, prompts[question.question_id], settings_for(schedule, question), stop_check)
+        counts = {k: model.static.calls[k] - before[k] for k in before} if before else {"compiled": 0, "eager": 0}
+        return out, counts
+
+    started = time.perf_counter()
+    for question in warm:
+        for schedule in s.schedules:
+            for regime in models:
+                decode(regime, schedule, question)
+    compile_s = {regime: end_warmup(model) for regime, model in models.items() if model.static is not None}
+    rows = []
+    for question in timed:
+        outs = {(x, r): [] for x in s.schedules for r in models}
+        for _ in range(s.repeats):
+            for schedule in s.schedules:
+                for regime in models:
+                    outs[(schedule, regime)].append(decode(regime, schedule, question))
+        for (schedule, regime), decoded in outs.items():
+            first = decoded[0][0]
+            text = output_text(tokenizer, first.tokens, stops)
+            correct = task.grade(question, text).correct if s.grade else None
+            rows.append({
+                "schedule": schedule, "regime": regime, "width": width_of[schedule], "question_id": question.question_id,
+                "sample": 0, "seed": s.seed, "output_tokens": len(first.tokens), "output_hash": output_hash(first.tokens),
+                "nfe_total": first.nfe_total, "iterations": first.iterations,
+                "wall_s": float(np.mean([d.wall_s for d, _ in decoded])),
+                "model_s": float(np.mean([d.model_s for d, _ in decoded])),
+                "prefill_s": float(np.mean([d.call_model_s[0] for d, _ in decoded])),
+                "graph_calls": decoded[0][1]["compiled"], "eager_calls": decoded[0][1]["eager"],
+                "correct_f": math.nan if correct is None else float(correct),
+            })  # fmt: skip
+    frame = pd.DataFrame(rows)
+    reference = "ar" if "ar" in s.schedules else s.schedules[0]
+    table = summarize(frame, reference, "linear", s.n_resamples)
+    if s.replay:
+        table["Decoder us/iter"] = [
+            replay_overhead(family.decode, models[regime],
+                            [(prompts[q.question_id], settings_for(schedule, q), stop_check) for q in timed])
+            for schedule, regime in frame[["schedule", "regime"]].drop_duplicates().itertuples(index=False)
+        ]  # fmt: skip
+    elapsed = time.perf_counter() - started
+    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    header = (f"bench_schedules: model={label} task={s.task} questions={len(timed)} (+{len(warm)} warm-up) "
+              f"repeats={s.repeats} T={s.temperature} max_new_tokens={max_new} device={device_name} dtype={dtype} "
+              f"threads={torch.get_num_threads()} pad_verify={s.pad_verify} interleaved={','.join(s.schedules)} "
+              f"regimes={','.join(models)} match reference={reference} elapsed={elapsed:.0f}s "
+              f"torch={torch.__version__} date={time.strftime('%Y-%m-%d')}")  # fmt: skip
+    return Report(header, table, rows, compile_s)
