@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from packedss.paths import PROJECT_ROOT
-from packedss.decoding import DecodeSettings, Sampling, decode
+from packedss.decoding import LTRSettings, Sampling, decode_ltr
 from packedss.records import output_hash
 from packedss.tasks.stops import make_stop_check
 from packedss.tasks import load_task, load_task_config
@@ -43,8 +43,8 @@ def _decoder(family: str, model):
         if family == "setdlm":
             settings = AnyOrderSettings(schedule, width, MAX_NEW_TOKENS, model.eos_token_ids, greedy, order="ltr")
             return decode_anyorder(model, ids, settings, stop_check)
-        settings = DecodeSettings(schedule, width, MAX_NEW_TOKENS, model.eos_token_ids, greedy)
-        return decode(model, ids, settings, stop_check)
+        settings = LTRSettings(schedule, width, MAX_NEW_TOKENS, model.eos_token_ids, greedy)
+        return decode_ltr(model, ids, settings, stop_check)
 
     return run
 

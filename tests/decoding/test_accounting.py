@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from packedss.decoding import DecodeSettings, Sampling, decode
+from packedss.decoding import LTRSettings, Sampling, decode_ltr
 
 GREEDY = Sampling(temperature=0.0, rule="rejection", generator=None)
 PROMPTS = [[5, 9, 11, 30], [7], [12, 13, 14, 15, 16, 17, 18, 19, 20]]
@@ -25,11 +25,11 @@ def _identities(out, calls_per_iteration):
 @pytest.mark.parametrize("width", [1, 3, 8])
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_ar_and_linear_rows(tiny_model, prompt, width):
-    ar = decode(tiny_model, prompt, DecodeSettings("ar", width, 20, (), GREEDY))
+    ar = decode_ltr(tiny_model, prompt, LTRSettings("ar", width, 20, (), GREEDY))
     assert ar.rows_evaluated == [len(prompt)] + [1] * ar.iterations
     assert ar.accepted == [1] * ar.iterations
     _identities(ar, 1)
-    out = decode(tiny_model, prompt, DecodeSettings("linear", width, 20, (), GREEDY))
+    out = decode_ltr(tiny_model, prompt, LTRSettings("linear", width, 20, (), GREEDY))
     block = width + 1
     assert out.rows_evaluated == [len(prompt)] + [block, block] * out.iterations
     assert out.rows_useful == out.rows_evaluated
@@ -40,7 +40,7 @@ def test_ar_and_linear_rows(tiny_model, prompt, width):
 @pytest.mark.parametrize("width", [1, 3, 8])
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_quadratic_rows(tiny_model, prompt, width):
-    out = decode(tiny_model, prompt, DecodeSettings("quadratic", width, 20, (), GREEDY))
+    out = decode_ltr(tiny_model, prompt, LTRSettings("quadratic", width, 20, (), GREEDY))
     block = width + 1
     assert out.rows_evaluated == [len(prompt) + block] + [block * (block + 1)] * out.iterations
     assert out.draft_proposed == width * out.iterations  # a full W-token draft every iteration
@@ -51,7 +51,7 @@ def test_quadratic_rows(tiny_model, prompt, width):
 @pytest.mark.parametrize("width", [1, 3, 8])
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_packed_rows(tiny_model, prompt, width, pad_verify):
-    out = decode(tiny_model, prompt, DecodeSettings("packed", width, 20, (), GREEDY, pad_verify=pad_verify))
+    out = decode_ltr(tiny_model, prompt, LTRSettings("packed", width, 20, (), GREEDY, pad_verify=pad_verify))
     block = width + 1
     # Draft sizes: W-1 after prefill (which emits one token), then W - A_{t-1} (never negative).
     draft_sizes, previous = [], 1
@@ -67,16 +67,16 @@ def test_packed_rows(tiny_model, prompt, width, pad_verify):
 
 
 def test_truncation_is_counted(tiny_model):
-    free = decode(tiny_model, PROMPTS[0], DecodeSettings("packed", 8, 40, (), GREEDY))
+    free = decode_ltr(tiny_model, PROMPTS[0], LTRSettings("packed", 8, 40, (), GREEDY))
     cap = 5
-    out = decode(tiny_model, PROMPTS[0], DecodeSettings("packed", 8, cap, (), GREEDY))
+    out = decode_ltr(tiny_model, PROMPTS[0], LTRSettings("packed", 8, cap, (), GREEDY))
     assert out.tokens == free.tokens[:cap]
     assert out.finish_reason == "max_tokens"
     assert 1 + sum(out.accepted) - out.truncated_tokens == cap
 
 
 def test_stop_check_cuts_and_counts(tiny_model):
-    free = decode(tiny_model, PROMPTS[2], DecodeSettings("linear", 4, 30, (), GREEDY))
+    free = decode_ltr(tiny_model, PROMPTS[2], LTRSettings("linear", 4, 30, (), GREEDY))
     target = free.tokens[6]
     first = free.tokens.index(target)
 
@@ -87,7 +87,7 @@ def test_stop_check_cuts_and_counts(tiny_model):
         return None
 
     for schedule in ("ar", "linear", "quadratic", "packed"):
-        out = decode(tiny_model, PROMPTS[2], DecodeSettings(schedule, 4, 30, (), GREEDY), stop_check=stop_at_target)
+        out = decode_ltr(tiny_model, PROMPTS[2], LTRSettings(schedule, 4, 30, (), GREEDY), stop_check=stop_at_target)
         assert out.tokens == free.tokens[: first + 1]
         assert out.finish_reason == "stop"
         assert 1 + sum(out.accepted) - out.truncated_tokens == len(out.tokens)
@@ -95,16 +95,16 @@ def test_stop_check_cuts_and_counts(tiny_model):
 
 def test_bad_settings_are_refused(tiny_model):
     with pytest.raises(ValueError, match="width"):
-        decode(tiny_model, [5], DecodeSettings("packed", 0, 5, (), GREEDY))
+        decode_ltr(tiny_model, [5], LTRSettings("packed", 0, 5, (), GREEDY))
     with pytest.raises(ValueError, match="schedule"):
-        decode(tiny_model, [5], DecodeSettings("bogus", 2, 5, (), GREEDY))
+        decode_ltr(tiny_model, [5], LTRSettings("bogus", 2, 5, (), GREEDY))
     with pytest.raises(ValueError, match="prompt"):
-        decode(tiny_model, [], DecodeSettings("ar", 2, 5, (), GREEDY))
+        decode_ltr(tiny_model, [], LTRSettings("ar", 2, 5, (), GREEDY))
 
 
 def test_sampled_runs_are_reproducible(tiny_model):
     def run(seed):
         sampling = Sampling(1.0, "rejection", torch.Generator().manual_seed(seed))
-        return decode(tiny_model, PROMPTS[0], DecodeSettings("packed", 4, 20, (), sampling)).tokens
+        return decode_ltr(tiny_model, PROMPTS[0], LTRSettings("packed", 4, 20, (), sampling)).tokens
 
     assert run(3) == run(3)

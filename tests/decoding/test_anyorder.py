@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from packedss.decoding import anyorder as anyorder_module
-from packedss.decoding.anyorder import AnyOrderSettings, decode_anyorder
+from packedss.decoding import AnyOrderSettings, decode_anyorder
 from packedss.decoding.verify import Sampling
 from packedss.models.setdlm import load_setdlm
 from tests.chi_square import LEVEL, accept_every_draft, chi_square_p

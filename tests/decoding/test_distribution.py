@@ -9,7 +9,7 @@ import itertools
 import pytest
 import torch
 
-from packedss.decoding import DecodeSettings, Sampling, decode
+from packedss.decoding import LTRSettings, Sampling, decode_ltr
 from packedss.decoding import schedules as schedules_module
 from tests.chi_square import LEVEL, accept_every_draft, chi_square_p
 from tests.toy_ltr import ToyLTRModel
@@ -35,7 +35,7 @@ def sample_many(schedule: str, rule: str, width: int = 3) -> list[tuple[int, ...
     samples = []
     for seed in range(RUNS):
         sampling = Sampling(1.0, rule, torch.Generator().manual_seed(seed))
-        out = decode(model, PROMPT, DecodeSettings(schedule, width, LENGTH, (), sampling))
+        out = decode_ltr(model, PROMPT, LTRSettings(schedule, width, LENGTH, (), sampling))
         assert len(out.tokens) == LENGTH
         samples.append(tuple(out.tokens))
     return samples
@@ -63,5 +63,5 @@ def test_toy_drafts_are_accepted_sometimes_and_rejected_sometimes():
     accepted = []
     for seed in range(200):
         sampling = Sampling(1.0, "rejection", torch.Generator().manual_seed(seed))
-        accepted += decode(model, PROMPT, DecodeSettings("linear", 3, LENGTH, (), sampling)).accepted
+        accepted += decode_ltr(model, PROMPT, LTRSettings("linear", 3, LENGTH, (), sampling)).accepted
     assert 1 in accepted and max(accepted) > 1

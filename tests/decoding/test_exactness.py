@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from packedss.decoding import DecodeSettings, Sampling, decode
+from packedss.decoding import LTRSettings, Sampling, decode_ltr
 
 WIDTHS = (1, 2, 3, 4, 8, 16)
 VARIANTS = (("linear", True), ("quadratic", True), ("packed", True), ("packed", False))
@@ -29,9 +29,9 @@ def _cases(count: int = 20, seed: int = 0):
 def references(tiny_model):
     refs = {}
     for index, prompt, cap in _cases():
-        free = decode(tiny_model, prompt, DecodeSettings("ar", 1, cap, (), GREEDY))
+        free = decode_ltr(tiny_model, prompt, LTRSettings("ar", 1, cap, (), GREEDY))
         eos = (free.tokens[len(free.tokens) // 2],) if index % 2 else ()
-        ar = decode(tiny_model, prompt, DecodeSettings("ar", 1, cap, eos, GREEDY))
+        ar = decode_ltr(tiny_model, prompt, LTRSettings("ar", 1, cap, eos, GREEDY))
         refs[index] = (prompt, cap, eos, ar)
     return refs
 
@@ -46,8 +46,8 @@ def test_lossless_schedules_equal_ar_greedy(tiny_model, references, schedule, pa
     multi_token_iterations = 0
     for width in WIDTHS:
         for index, (prompt, cap, eos, ar) in references.items():
-            settings = DecodeSettings(schedule, width, cap, eos, GREEDY, pad_verify=pad_verify)
-            out = decode(tiny_model, prompt, settings)
+            settings = LTRSettings(schedule, width, cap, eos, GREEDY, pad_verify=pad_verify)
+            out = decode_ltr(tiny_model, prompt, settings)
             assert out.tokens == ar.tokens, f"{schedule} W={width} prompt #{index} diverged from AR"
             assert out.finish_reason == ar.finish_reason
             multi_token_iterations += sum(a > 1 for a in out.accepted)

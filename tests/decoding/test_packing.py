@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from packedss.decoding import LTRSettings, Sampling, decode_ltr
+from packedss.decoding import schedules as schedules_module
 from packedss.decoding.calls import block_segment, causal_segment, draft_block, pack
 from packedss.decoding.schedules import packed_call, quadratic_call
+from packedss.decoding.verify import verify
 
 PROMPT = torch.tensor([5, 9, 11, 30, 7, 21, 8])
 TOL = 1e-9
@@ -87,3 +91,71 @@ def test_packed_proposals_do_not_depend_on_the_draft_being_verified(tiny_model):
     for other in proposals[1:]:
         assert torch.equal(other.argmax(-1), proposals[0].argmax(-1))
         assert (other - proposals[0]).abs().max() < 1e-12
+
+
+class RecordingModel:
+    """Passes every call to a model and keeps (call, logits) of each."""
+
+    def __init__(self, model):
+        self.model = model
+        self.device = model.device
+        self.mask_token_id = model.mask_token_id
+        self.calls = []
+
+    def run(self, call):
+        logits = self.model.run(call)
+        self.calls.append((call, logits))
+        return logits
+
+    def commit(self, rows):
+        self.model.commit(rows)
+
+    def reset(self):
+        self.model.reset()
+
+    def synchronize(self):
+        self.model.synchronize()
+
+
+def _separate_draft(model, sequence, anchor_position, width):
+    """A Linear-SS draft call on its own: commit sequence[:n], then run [x_n@n, MASK@n+1..n+W]."""
+    _prefill(model, torch.tensor(sequence[:anchor_position]))
+    anchor = torch.tensor(sequence[anchor_position])
+    return _alone(model, pack([draft_block(anchor, anchor_position, width, model.mask_token_id)]))[1:]
+
+
+@pytest.mark.parametrize("pad_verify", [True, False])
+@pytest.mark.parametrize("width", [3, 8])
+def test_next_packed_draft_equals_a_separate_draft_call_on_the_same_prefix(tiny_model, width, pad_verify, monkeypatch):
+    # Sampled at T = 1, so that each verification receives the drafter's distribution q of every
+    # draft: this tiny drafter proposes the same argmax at most positions, q tells its rows apart.
+    verified = []
+
+    def recording_verify(verifier_logits, drafts, draft_probs, sampling):
+        verified.append((drafts, draft_probs))
+        return verify(verifier_logits, drafts, draft_probs, sampling)
+
+    monkeypatch.setattr(schedules_module, "verify", recording_verify)
+    accepted_counts = []
+    for seed, prompt in enumerate(([5, 9, 11, 30], [12, 13, 14, 15, 16, 17, 18, 19, 20])):
+        verified.clear()
+        recording = RecordingModel(tiny_model)
+        sampling = Sampling(1.0, "rejection", torch.Generator().manual_seed(seed))
+        out = decode_ltr(recording, prompt, LTRSettings("packed", width, 24, (), sampling, pad_verify=pad_verify))
+        sequence = prompt + out.tokens
+        accepted_counts += out.accepted
+        # Call t's draft block is anchored at n (the prefill's at L-1); call t emitted A tokens at
+        # n+1..n+A; call t+1 verifies the proposals for n+A+1..n+W.
+        anchors = [len(prompt) - 1] + [int(call.positions[0]) for call, _ in recording.calls[1:]]
+        emitted = [1] + out.accepted
+        assert len(verified) == len(recording.calls) - 1
+        for t, (drafts, draft_probs) in enumerate(verified):
+            separate = _separate_draft(tiny_model, sequence, anchors[t], width)
+            assert (recording.calls[t][1][-width:] - separate).abs().max() < TOL, (prompt, t)
+            expected = torch.softmax(separate, -1)[emitted[t] :]
+            torch.testing.assert_close(draft_probs, expected, rtol=0.0, atol=TOL, msg=f"{prompt} call {t}")
+            following = recording.calls[t + 1][0]
+            assert torch.equal(following.tokens[1 : 1 + drafts.shape[0]], drafts)
+    # Both a correction right after the anchor and accepted drafts occur, so the dropped prefix
+    # of the proposals varies.
+    assert 1 in accepted_counts and max(accepted_counts) > 1

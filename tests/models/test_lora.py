@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from packedss.decoding import DecodeSettings, Sampling, decode
+from packedss.decoding import LTRSettings, Sampling, decode_ltr
 from packedss.decoding.calls import Role, causal_segment, pack
 from packedss.decoding.schedules import packed_call, quadratic_call
 from packedss.errors import PackedSSError
@@ -143,12 +143,12 @@ def test_matches_peft_when_every_row_is_selected(checkpoint, adapter_dir):
 @pytest.mark.parametrize("schedule", ["linear", "quadratic", "packed"])
 def test_lossless_schedules_stay_lossless(checkpoint, adapter_dir, schedule):
     model = load_nemotron(checkpoint, dtype="float64")
-    settings = lambda s: DecodeSettings(s, 4, 24, (EOS_ID,), Sampling(0.0, "rejection", None))  # noqa: E731
+    settings = lambda s: LTRSettings(s, 4, 24, (EOS_ID,), Sampling(0.0, "rejection", None))  # noqa: E731
     prompt = [4, 5, 6, 7, 8]
-    reference = decode(model, prompt, settings("ar")).tokens
-    without = decode(model, prompt, settings(schedule))
+    reference = decode_ltr(model, prompt, settings("ar")).tokens
+    without = decode_ltr(model, prompt, settings(schedule))
     attach_proposal_lora(model, adapter_dir)
-    with_lora = decode(model, prompt, settings(schedule))
+    with_lora = decode_ltr(model, prompt, settings(schedule))
     assert without.tokens == reference
     assert with_lora.tokens == reference
     selected, evaluated = with_lora.extra["lora_rows_selected"], with_lora.extra["lora_rows_evaluated"]

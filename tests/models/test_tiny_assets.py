@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from packedss.decoding import DecodeSettings, Sampling, decode
+from packedss.decoding import LTRSettings, Sampling, decode_ltr
 from packedss.decoding.calls import Role, causal_segment, pack
 from packedss.decoding.schedules import packed_call
 from packedss.models.lora import attach_proposal_lora, detach_proposal_lora
@@ -74,15 +74,15 @@ def test_lossless_schedules_identical_and_model_is_trained(model, tokenizer, pro
     eos = model.eos_token_ids
     speculative_tokens = speculative_nfe = 0
     for q, ids in zip(task.questions(), prompt_ids):
-        settings = {s: DecodeSettings(s, 8, 128, eos, Sampling(0.0, "rejection", None)) for s in ("ar", "linear", "quadratic", "packed")}
-        reference = decode(model, ids, settings["ar"])
+        settings = {s: LTRSettings(s, 8, 128, eos, Sampling(0.0, "rejection", None)) for s in ("ar", "linear", "quadratic", "packed")}
+        reference = decode_ltr(model, ids, settings["ar"])
         assert reference.finish_reason == "eos"
         text = tokenizer.decode(reference.tokens, skip_special_tokens=True)
         # a trained model answers in the task's worked-solution format and stops with EOS
         assert text.startswith(" ") and "<<" in text and "####" in text, text
         assert task.grade(q, text).extracted_answer is not None
         for schedule in ("linear", "quadratic", "packed"):
-            out = decode(model, ids, settings[schedule])
+            out = decode_ltr(model, ids, settings[schedule])
             assert out.tokens == reference.tokens, schedule
             if schedule == "linear":
                 speculative_tokens += len(out.tokens)

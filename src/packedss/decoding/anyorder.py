@@ -15,29 +15,49 @@ previous call, so p in {0, 1}; native writes every token it resolved in the prev
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
-from packedss.decoding.calls import Call, CallModel, Role
-from packedss.decoding.trace import Decoded, Emitter, Meter, StopCheck, check_request
-from packedss.decoding.verify import Sampling, next_token, probabilities, propose, verify
-
-ANYORDER_SCHEDULES = ("ar", "linear", "packed", "quadratic", "native")
-ORDERS = ("ltr", "confidence")
+from packedss.decoding.calls import Call, CallModel, Layout, Role, Segment, layout_of, pack
+from packedss.decoding.driver import ANYORDER_SCHEDULES, AnyOrderSettings, Decoder, drive, proposals_ahead
+from packedss.decoding.trace import Decoded, StopCheck
+from packedss.decoding.verify import next_token, probabilities, propose, verify
 
 
-@dataclass(frozen=True)
-class AnyOrderSettings:
-    schedule: str  # one of ANYORDER_SCHEDULES
-    width: int  # W: the active window
-    max_new_tokens: int
-    eos_token_ids: tuple[int, ...]
-    sampling: Sampling
-    order: str = "ltr"  # verification order: "ltr" or "confidence" (native ignores it)
-    confidence_threshold: float = 0.9  # native: also resolve every proposal at least this confident
-    timing: str = "sync"  # how model time is measured on CUDA: "sync" or "events" (see trace.Meter)
+def _rows(roles: list[Role], attend: torch.Tensor, device: torch.device) -> Segment:
+    """Rows of a layout; their tokens and positions are filled in per call (zeros here)."""
+    zeros = torch.zeros(len(roles), dtype=torch.long, device=device)
+    return Segment(zeros, zeros, torch.tensor([int(r) for r in roles], dtype=torch.uint8, device=device), attend)
+
+
+@functools.lru_cache(maxsize=256)
+def _set_call_layout(
+    prefix: int,
+    clean_real: tuple[bool, ...],
+    mask_levels: tuple[int, ...],
+    mask_real: tuple[bool, ...],
+    device: torch.device,
+) -> Layout:
+    """The layout of a set-family call (see `set_call`), built once per shape."""
+    n_clean, n_mask = len(clean_real), len(mask_levels)
+    causal = torch.ones(prefix + n_clean, prefix + n_clean, dtype=torch.bool, device=device).tril_()
+    alone = torch.eye(n_mask, dtype=torch.bool, device=device)
+    segments = [
+        _rows([Role.VERIFY] * prefix, causal[:prefix, :prefix], device),
+        _rows([Role.VERIFY if r else Role.PAD for r in clean_real], causal[prefix:, prefix:], device),
+        _rows([Role.DRAFT if r else Role.PAD for r in mask_real], alone, device),
+    ]
+    real = torch.tensor(mask_real, dtype=torch.bool, device=device).view(n_mask, 1)
+    levels = torch.tensor(mask_levels, dtype=torch.long, device=device).view(n_mask, 1)
+    ranks = torch.arange(n_clean, device=device).view(1, n_clean)
+    sees = {
+        (1, 0): causal[prefix:, :prefix],
+        (2, 0): real.expand(n_mask, prefix),
+        (2, 1): (ranks < levels) & real,
+    }
+    return layout_of(pack(segments, sees))
 
 
 def set_call(
@@ -45,10 +65,10 @@ def set_call(
     prefix_positions: torch.Tensor,
     clean_tokens: torch.Tensor,
     clean_positions: torch.Tensor,
-    clean_real: torch.Tensor,
+    clean_real: Sequence[bool],
     mask_positions: torch.Tensor,
-    mask_levels: torch.Tensor,
-    mask_real: torch.Tensor,
+    mask_levels: Sequence[int],
+    mask_real: Sequence[bool],
     mask_token_id: int,
 ) -> Call:
     """One call of the set family. Rows: prefix (resolved tokens written now: the prompt, the
@@ -57,48 +77,28 @@ def set_call(
     the prefix, the clean rows of rank < mask_levels[j], and itself). Rows marked not real
     (placeholders, padding) get Role.PAD; a PAD mask row sees only itself."""
     device = prefix_tokens.device
-    n_prefix, n_clean, n_mask = prefix_tokens.shape[0], clean_tokens.shape[0], mask_positions.shape[0]
-    rows = n_prefix + n_clean + n_mask
-    attend = torch.zeros(rows, rows, dtype=torch.bool, device=device)
-    sees_prefix = n_prefix + n_clean
-    attend[:sees_prefix, :sees_prefix] = torch.ones(sees_prefix, sees_prefix, dtype=torch.bool, device=device).tril_()
-    masks = slice(sees_prefix, rows)
-    attend[masks, :n_prefix] = mask_real[:, None]
-    ranks = torch.arange(n_clean, device=device)
-    attend[masks, n_prefix:sees_prefix] = (ranks[None, :] < mask_levels[:, None]) & mask_real[:, None]
-    attend[masks, masks] = torch.eye(n_mask, dtype=torch.bool, device=device)
-    roles = torch.cat(
-        [
-            torch.full((n_prefix,), int(Role.VERIFY), dtype=torch.uint8, device=device),
-            torch.where(clean_real, int(Role.VERIFY), int(Role.PAD)).to(torch.uint8),
-            torch.where(mask_real, int(Role.DRAFT), int(Role.PAD)).to(torch.uint8),
-        ]
-    )
-    tokens = torch.cat([prefix_tokens, clean_tokens, torch.full((n_mask,), mask_token_id, dtype=torch.long, device=device)])
-    positions = torch.cat([prefix_positions, clean_positions, mask_positions])
-    return Call(tokens=tokens, positions=positions, roles=roles, attend=attend)
+    shape = (tuple(map(bool, clean_real)), tuple(map(int, mask_levels)), tuple(map(bool, mask_real)))
+    layout = _set_call_layout(prefix_tokens.shape[0], *shape, device)
+    masks = torch.full((mask_positions.shape[0],), mask_token_id, dtype=torch.long, device=device)
+    tokens = torch.cat([prefix_tokens, clean_tokens, masks])
+    return layout.call(tokens, torch.cat([prefix_positions, clean_positions, mask_positions]))
 
 
-def _long(values: Sequence[int], device) -> torch.Tensor:
-    return torch.tensor(list(values), dtype=torch.long, device=device)
-
-
-def _bools(values: Sequence[bool], device) -> torch.Tensor:
-    return torch.tensor(list(values), dtype=torch.bool, device=device)
-
-
-class _Decoder:
+class _SetDecoder(Decoder):
     """State of one response: resolved tokens by position, the uncached resolved tokens, the
-    stored drafts, the frozen confidence keys of the current block, and the per-call records."""
+    stored drafts, the frozen confidence keys of the current block, and the per-call records.
+    Subclasses are the schedules; `drafts_at_prefill` says whether the prefill call also drafts."""
 
-    def __init__(self, model: CallModel, prompt: Sequence[int], s: AnyOrderSettings, stop_check: StopCheck | None):
-        self.model, self.s = model, s
+    settings: AnyOrderSettings
+    drafts_at_prefill = False
+
+    def __init__(
+        self, model: CallModel, prompt: Sequence[int], settings: AnyOrderSettings, stop_check: StopCheck | None
+    ):
+        super().__init__(model, prompt, settings, stop_check)
         self.device = model.device
         self.mask = int(model.mask_token_id)
-        self.prompt = list(prompt)
         self.length = len(self.prompt)
-        self.meter = Meter(model, s.timing)
-        self.emitter = Emitter(s.max_new_tokens, s.eos_token_ids, stop_check)
         self.tokens: dict[int, int] = {}  # resolved generation position -> token
         self.contiguous = self.length  # every position < this one is resolved
         self.pending: list[tuple[int, int]] = []  # resolved, not yet in the cache (decoding order)
@@ -110,14 +110,12 @@ class _Decoder:
         self.resolved: list[int] = []
         self.hits: list[int] = []  # per call: drafts accepted by its verification
         self.kinds: list[str] = []
-        self.accepted: list[int] = []
-        self.proposed = self.drafted_ok = 0
 
     # ----------------------------------------------------------------- window and order
     def window(self) -> list[int]:
         """U: the unresolved positions of the active window, by position."""
-        width = self.s.width
-        if self.s.order == "confidence" and self.s.schedule != "native":
+        width = self.settings.width
+        if self.settings.order == "confidence" and self.settings.schedule != "native":
             block = range(self.block_start, self.block_start + width)
             unresolved = [i for i in block if i not in self.tokens]
             if unresolved:
@@ -125,38 +123,40 @@ class _Decoder:
             self.block_start, self.keys = self.contiguous, None  # the block is done: start the next
             return list(range(self.block_start, self.block_start + width))
         end = self.contiguous + width
-        if self.s.schedule == "native":  # SetDLM's sequence holds max_new_tokens masks, no more
-            end = min(end, self.length + self.s.max_new_tokens)
+        if self.settings.schedule == "native":  # SetDLM's sequence holds max_new_tokens masks, no more
+            end = min(end, self.length + self.settings.max_new_tokens)
         return [i for i in range(self.contiguous, end) if i not in self.tokens]
 
     def order(self, window: list[int]) -> list[int]:
         """Verification order: positions with a stored draft first (by position for ltr, by the
         block's frozen drafter confidence, high first, for confidence), then the rest by position."""
-        if self.s.order == "ltr" or self.keys is None:
+        if self.settings.order == "ltr" or self.keys is None:
             return sorted(window, key=lambda i: (i not in self.drafts, i))
         return sorted(window, key=lambda i: (i not in self.drafts, -self.keys.get(i, float("-inf")), i))
+
+    @property
+    def starting(self) -> bool:
+        """Confidence order and the block's keys are not frozen yet."""
+        return self.settings.order == "confidence" and self.keys is None
 
     def confidences(self, logits: torch.Tensor, drafts: torch.Tensor) -> list[float]:
         """Drafter confidence: the probability the drafter gave its proposal (softmax at T, or at
         T = 1 when greedy)."""
-        temperature = self.s.sampling.temperature or 1.0
+        temperature = self.settings.sampling.temperature or 1.0
         probs = probabilities(logits, temperature)
         return probs.gather(1, drafts.view(-1, 1)).view(-1).tolist()
 
     # ----------------------------------------------------------------- running calls
     def run(self, kind, prefix, clean, clean_real, masks, levels, mask_real, u):
-        """Build and run one call; `prefix` is a list of (position, token) written to the cache."""
-        d = self.device
-        call = set_call(
-            _long([t for _, t in prefix], d),
-            _long([i for i, _ in prefix], d),
-            _long([t for _, t in clean], d),
-            _long([i for i, _ in clean], d),
-            _bools(clean_real, d),
-            _long(masks, d),
-            _long(levels, d),
-            _bools(mask_real, d),
-            self.mask,
+        """Build and run one call; `prefix` and `clean` are lists of (position, token), `prefix`
+        is written to the cache."""
+        layout = _set_call_layout(len(prefix), tuple(clean_real), tuple(levels), tuple(mask_real), self.device)
+        rows = prefix + clean
+        tokens = [t for _, t in rows] + [self.mask] * len(masks)
+        positions = [i for i, _ in rows] + masks
+        call = layout.call(
+            torch.tensor(tokens, dtype=torch.long, device=self.device),
+            torch.tensor(positions, dtype=torch.long, device=self.device),
         )
         logits = self.meter.run(call)
         self.kinds.append(kind)
@@ -166,34 +166,42 @@ class _Decoder:
         self.hits.append(0)
         return logits
 
+    def run_window(self, kind: str, prefix: list[tuple[int, int]], window: list[int]) -> torch.Tensor:
+        """A call of the prefix and one mask query per window position, seeing the prefix only;
+        commits the prefix and returns the queries' logits."""
+        u = len(window)
+        logits = self.run(kind, prefix, [], [], window, [0] * u, [True] * u, u)
+        self.model.commit(len(prefix))
+        return logits[len(prefix) :]
+
     def resolve(self, items: list[tuple[int, int]]) -> bool:
         """Record resolved tokens of the current call; emit the newly contiguous ones. True = stop."""
         for position, token in items:
             self.tokens[position] = token
             self.drafts.pop(position, None)
         self.resolved[-1] += len(items)
+        self.produced += len(items)
         start = self.contiguous
         while self.contiguous in self.tokens:
             self.contiguous += 1
         new = [self.tokens[i] for i in range(start, self.contiguous)]
         return self.emitter.emit(new) if new else False
 
-    def store_drafts(self, positions: list[int], logits: torch.Tensor) -> tuple[list[int], list[float]]:
-        """Propose for `positions` from their mask rows; keep them as the next drafts."""
-        tokens, q = propose(logits, self.s.sampling)
-        listed = tokens.tolist()
-        for k, position in enumerate(positions):
-            self.drafts[position] = (listed[k], None if q is None else q[k])
-        return listed, self.confidences(logits, tokens)
+    def store(self, positions: list[int], tokens: torch.Tensor, q: torch.Tensor | None) -> None:
+        """Keep proposals as the next drafts."""
+        for k, token in enumerate(tokens.tolist()):
+            self.drafts[positions[k]] = (token, None if q is None else q[k])
 
     def start_block(self, window: list[int], logits: torch.Tensor) -> bool:
         """Confidence order, no keys yet: the window's mask rows saw exactly R, so each is also the
         verifier's first-rank query for its position. Freeze the keys, resolve the most confident
         position with its own proposal, keep the other proposals as drafts."""
-        tokens, conf = self.store_drafts(window, logits)
+        tokens, q = propose(logits, self.settings.sampling)
+        self.store(window, tokens, q)
+        conf = self.confidences(logits, tokens)
         self.keys = dict(zip(window, conf))
         first = min(range(len(window)), key=lambda k: (-conf[k], window[k]))
-        item = (window[first], tokens[first])
+        item = (window[first], self.drafts[window[first]][0])
         self.pending = [item]
         return self.resolve([item])
 
@@ -204,11 +212,11 @@ class _Decoder:
         m = sum(1 for i in sigma if i in self.drafts)
         drafts = torch.tensor([self.drafts[i][0] for i in sigma[:m]], dtype=torch.long, device=self.device)
         q = None
-        if not self.s.sampling.greedy:
+        if not self.settings.sampling.greedy:
             empty = query_logits.new_zeros((0, query_logits.shape[-1]))
             q = torch.stack([self.drafts[i][1] for i in sigma[:m]]) if m else empty
         rows = query_logits[: m + 1] if m < u else torch.cat([query_logits, query_logits[-1:]])
-        emitted = verify(rows, drafts, q, self.s.sampling)
+        emitted = verify(rows, drafts, q, self.settings.sampling)
         h = m if len(emitted) > u else len(emitted) - 1  # m == u and all accepted: no correction
         self.proposed += m
         self.drafted_ok += h
@@ -218,63 +226,70 @@ class _Decoder:
         self.model.commit(self.p[-1] + h)
         return h, self.resolve(items + self.pending)
 
-    # ----------------------------------------------------------------- prefill
+    # ----------------------------------------------------------------- prefill and records
     def prefill(self) -> bool:
         prompt = list(zip(range(self.length), self.prompt))
-        s = self.s
-        if s.schedule == "native":
+        if self.settings.order == "confidence":
             window = self.window()
-            logits = self.run("prefill", prompt, [], [], window, [0] * len(window), [True] * len(window), len(window))
-            self.model.commit(self.length)
-            return self.native_resolve(window, logits[self.length :])
-        if s.order == "confidence":
-            window = self.window()
-            logits = self.run("prefill", prompt, [], [], window, [0] * len(window), [True] * len(window), len(window))
-            self.model.commit(self.length)
-            return self.start_block(window, logits[self.length :])
-        one_call = s.schedule in ("packed", "quadratic")
-        window = list(range(self.length, self.length + (s.width if one_call else 1)))
-        logits = self.run("prefill", prompt, [], [], window, [0] * len(window), [True] * len(window), len(window))
-        self.model.commit(self.length)
-        first = next_token(logits[self.length], s.sampling).tolist()[0]
-        if one_call and s.width > 1:
-            self.store_drafts(window[1:], logits[self.length + 1 :])
+            return self.start_block(window, self.run_window("prefill", prompt, window))
+        width = self.settings.width if self.drafts_at_prefill else 1
+        logits = self.run_window("prefill", prompt, list(range(self.length, self.length + width)))
+        first = next_token(logits[0], self.settings.sampling).tolist()[0]
+        if width > 1:
+            tokens, q = propose(logits[1:], self.settings.sampling)
+            self.store(list(range(self.length + 1, self.length + width)), tokens, q)
         self.pending = [(self.length, first)]
         return self.resolve(self.pending)
 
-    # ----------------------------------------------------------------- schedules
-    def step_ar(self) -> bool:
+    def extra(self) -> dict:
+        return {
+            "u": self.u,
+            "p": self.p,
+            "resolved": self.resolved,
+            "drafts_accepted": self.hits,
+            "call_kinds": self.kinds,
+            "order": self.settings.order,
+            "lossless": self.settings.schedule != "native",
+        }
+
+
+class _AR(_SetDecoder):
+    def step(self) -> bool:
         window = self.window()
-        if self.s.order == "confidence" and self.keys is None:
-            logits = self.run("ar", self.pending, [], [], window, [0] * len(window), [True] * len(window), len(window))
-            self.model.commit(len(self.pending))
-            return self.start_block(window, logits[self.p[-1] :])
-        nxt = self.order(window)[0] if self.s.order == "confidence" else window[0]
-        logits = self.run("ar", self.pending, [], [], [nxt], [0], [True], 1)
-        self.model.commit(len(self.pending))
-        item = (nxt, next_token(logits[-1], self.s.sampling).tolist()[0])
+        if self.starting:
+            return self.start_block(window, self.run_window("ar", self.pending, window))
+        nxt = self.order(window)[0] if self.settings.order == "confidence" else window[0]
+        logits = self.run_window("ar", self.pending, [nxt])
+        item = (nxt, next_token(logits[-1], self.settings.sampling).tolist()[0])
         self.pending = [item]
         return self.resolve([item])
 
-    def step_linear(self) -> bool:
+
+class _Linear(_SetDecoder):
+    def step(self) -> bool:
         window = self.window()
         u = len(window)
-        logits = self.run("draft", self.pending, [], [], window, [0] * u, [True] * u, u)
-        self.model.commit(len(self.pending))
+        starting = self.starting
+        logits = self.run_window("draft", self.pending, window)
         self.pending = []
-        tokens, conf = self.store_drafts(window, logits[self.p[-1] :])
-        if self.s.order == "confidence" and self.keys is None:
-            self.keys = dict(zip(window, conf))
+        tokens, q = propose(logits, self.settings.sampling)
+        self.store(window, tokens, q)
+        if starting:
+            self.keys = dict(zip(window, self.confidences(logits, tokens)))
         sigma = self.order(window)
         clean = [(i, self.drafts[i][0]) for i in sigma]
         logits = self.run("verify", [], clean, [True] * u, sigma, list(range(u)), [True] * u, u)
         _, done = self.verify_ranks(sigma, logits[u:])
         return done
 
-    def step_packed(self) -> bool:
+
+class _Packed(_SetDecoder):
+    drafts_at_prefill = True
+
+    def step(self) -> bool:
         window = self.window()
         u, p = len(window), len(self.pending)
-        starting = self.s.order == "confidence" and self.keys is None
+        starting = self.starting
         sigma = self.order(window)
         real = [i in self.drafts and not starting for i in sigma]
         clean = [(i, self.drafts[i][0] if r else self.mask) for i, r in zip(sigma, real)]
@@ -287,20 +302,20 @@ class _Decoder:
         if starting:
             self.model.commit(p)
             return self.start_block(window, draft_logits)
-        h, done = self.verify_ranks(sigma, logits[p + u : p + 2 * u])
+        _, done = self.verify_ranks(sigma, logits[p + u : p + 2 * u])
+        ahead = proposals_ahead(draft_logits, window, self.tokens, self.settings.sampling)
         self.drafts = {}
-        # One call ahead: the proposals saw R before this call's verification; keep the
-        # ones at positions still unresolved as the next drafts.
-        self.store_drafts(window, draft_logits)
-        for i in list(self.drafts):
-            if i in self.tokens:
-                del self.drafts[i]
+        self.store(ahead.positions, ahead.tokens, ahead.probs)
         return done
 
-    def step_quadratic(self) -> bool:
+
+class _Quadratic(_SetDecoder):
+    drafts_at_prefill = True
+
+    def step(self) -> bool:
         window = self.window()
-        u, p, width = len(window), len(self.pending), self.s.width
-        starting = self.s.order == "confidence" and self.keys is None
+        u, p, width = len(window), len(self.pending), self.settings.width
+        starting = self.starting
         sigma = self.order(window)
         real = [i in self.drafts and not starting for i in sigma]
         clean = [(i, self.drafts[i][0] if r else self.mask) for i, r in zip(sigma, real)]
@@ -308,7 +323,7 @@ class _Decoder:
         # accepting k drafts (row 0 is the rank-k query), filled to u rows.
         blocks, levels, block_real = [], [], []
         for k in range(u + 1):
-            if self.s.order == "ltr":
+            if self.settings.order == "ltr":
                 rows = list(range(window[0] + k, window[0] + k + width))[:u]
                 ok = [True] * u
             elif starting:
@@ -331,55 +346,34 @@ class _Decoder:
         skip = 0 if h == u else 1  # after a correction, row 0 sits at the corrected position
         keep = [k for k in range(skip, u) if ok[k] and rows[k] not in self.tokens]
         if keep:
-            self.store_drafts([rows[k] for k in keep], block_logits[h, keep])
+            tokens, q = propose(block_logits[h, keep], self.settings.sampling)
+            self.store([rows[k] for k in keep], tokens, q)
         return done
 
-    def native_resolve(self, window: list[int], logits: torch.Tensor) -> bool:
+
+class _Native(_SetDecoder):
+    def resolve_confident(self, window: list[int], logits: torch.Tensor) -> bool:
         """SetDLM's own decoder: propose for every open position of the window; resolve the most
         confident proposal and every proposal at least `confidence_threshold` confident."""
-        tokens, q = propose(logits, self.s.sampling)
+        tokens, _ = propose(logits, self.settings.sampling)
         conf = self.confidences(logits, tokens)
         tokens = tokens.tolist()
         best = max(range(len(window)), key=lambda k: (conf[k], -window[k]))
-        chosen = [k for k in range(len(window)) if k == best or conf[k] >= self.s.confidence_threshold]
+        chosen = [k for k in range(len(window)) if k == best or conf[k] >= self.settings.confidence_threshold]
         items = [(window[k], tokens[k]) for k in chosen]
         self.pending = items  # by position: the next call writes them in this order
         return self.resolve(items)
 
-    def step_native(self) -> bool:
+    def prefill(self) -> bool:
         window = self.window()
-        u = len(window)
-        logits = self.run("native", self.pending, [], [], window, [0] * u, [True] * u, u)
-        self.model.commit(len(self.pending))
-        return self.native_resolve(window, logits[self.p[-1] :])
+        return self.resolve_confident(window, self.run_window("prefill", list(enumerate(self.prompt)), window))
 
-    # ----------------------------------------------------------------- driver
-    def decode(self) -> Decoded:
-        step = {
-            "ar": self.step_ar,
-            "linear": self.step_linear,
-            "packed": self.step_packed,
-            "quadratic": self.step_quadratic,
-            "native": self.step_native,
-        }[self.s.schedule]
-        done = self.prefill()
-        while not done:
-            calls = len(self.resolved)
-            done = step()
-            self.accepted.append(sum(self.resolved[calls:]))
-        output = len(self.emitter.tokens)
-        # Resolved tokens that are not in the output: cut by a stop, or resolved beyond its end.
-        self.emitter.truncated_tokens = sum(self.resolved) - output
-        extra = {
-            "u": self.u,
-            "p": self.p,
-            "resolved": self.resolved,
-            "drafts_accepted": self.hits,
-            "call_kinds": self.kinds,
-            "order": self.s.order,
-            "lossless": self.s.schedule != "native",
-        }
-        return self.meter.finish(self.emitter, self.length, self.accepted, self.proposed, self.drafted_ok, extra)
+    def step(self) -> bool:
+        window = self.window()
+        return self.resolve_confident(window, self.run_window("native", self.pending, window))
+
+
+_DECODERS = dict(zip(ANYORDER_SCHEDULES, (_AR, _Linear, _Quadratic, _Packed, _Native)))
 
 
 def decode_anyorder(
@@ -389,11 +383,4 @@ def decode_anyorder(
     stop_check: StopCheck | None = None,
 ) -> Decoded:
     """Decode one response of a set model with the chosen any-order schedule."""
-    check_request(settings.schedule, ANYORDER_SCHEDULES, settings.width, settings.max_new_tokens, prompt)
-    if settings.order not in ORDERS:
-        raise ValueError(f"unknown verification order {settings.order!r}; valid: {ORDERS}")
-    model.reset()
-    try:
-        return _Decoder(model, prompt, settings, stop_check).decode()
-    finally:
-        model.reset()
+    return drive(model, prompt, settings, stop_check, _DECODERS)

@@ -136,3 +136,22 @@ def pack(segments: list[Segment], sees: dict[tuple[int, int], torch.Tensor] | No
         roles=torch.cat([s.roles for s in segments]),
         attend=attend,
     )
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The fixed part of every call of one shape: the roles, the attention rule and the count of
+    useful rows. Built once per shape (and device) with `pack`, then shared by every call of that
+    shape, which only fills in its tokens and positions. The tensors are shared: never write to them."""
+
+    roles: torch.Tensor
+    attend: torch.Tensor
+    useful: int
+
+    def call(self, tokens: torch.Tensor, positions: torch.Tensor) -> Call:
+        return Call(tokens=tokens, positions=positions, roles=self.roles, attend=self.attend, useful=self.useful)
+
+
+def layout_of(call: Call) -> Layout:
+    """The layout of a call built once (its tokens and positions are dropped)."""
+    return Layout(call.roles, call.attend, call.rows_useful)

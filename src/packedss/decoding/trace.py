@@ -46,18 +46,6 @@ class Decoded:
         return fields | self.extra
 
 
-def check_request(schedule: str, schedules: tuple[str, ...], width: int, max_new_tokens: int, prompt) -> None:
-    """The checks every decoder makes before its first call (ValueError with the valid range)."""
-    if schedule not in schedules:
-        raise ValueError(f"unknown schedule {schedule!r}; valid: {schedules}")
-    if width < 1:
-        raise ValueError(f"width must be >= 1, got {width}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if len(prompt) < 1:
-        raise ValueError("the prompt must hold at least one token")
-
-
 class Emitter:
     """Collects emitted tokens and applies the stops: EOS, max_new_tokens, stop strings.
     Tokens emitted past a stop are discarded and counted in `truncated_tokens`."""

@@ -14,13 +14,14 @@ from dataclasses import dataclass
 
 import torch
 
-VERIFY_RULES = ("greedy", "rejection", "match")
+VERIFY_RULES = ("rejection", "match")  # the rules a run can choose at T > 0
+GREEDY = "greedy"  # the rule recorded at T = 0, where both rules reduce to exact match
 
 
 @dataclass(frozen=True)
 class Sampling:
     temperature: float
-    rule: str  # "rejection" or "match"; ignored at T = 0
+    rule: str  # one of VERIFY_RULES; ignored at T = 0
     generator: torch.Generator | None
 
     @property

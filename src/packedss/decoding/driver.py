@@ -1,0 +1,154 @@
+"""Settings and the one driver every schedule runs under: check, reset, prefill, iterate, finish.
+
+A schedule is a `Decoder` with `prefill` and `step`; the driver owns the loop, the per-iteration
+token counts and the cache reset, so both families (LTR and any-order) share them.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Container, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from packedss.decoding.calls import CallModel
+from packedss.decoding.trace import Decoded, Emitter, Meter, StopCheck
+from packedss.decoding.verify import Sampling, propose
+
+LTR_SCHEDULES = ("ar", "linear", "quadratic", "packed")
+ANYORDER_SCHEDULES = ("ar", "linear", "quadratic", "packed", "native")
+ORDERS = ("ltr", "confidence")
+
+
+@dataclass(frozen=True)
+class DecodeSettings:
+    """What every schedule of either family needs to decode one response."""
+
+    schedules: ClassVar[tuple[str, ...]]  # the family's schedules
+
+    schedule: str
+    width: int  # W
+    max_new_tokens: int
+    eos_token_ids: tuple[int, ...]
+    sampling: Sampling
+    timing: str = "sync"  # how model time is measured on CUDA: "sync" or "events" (see trace.Meter)
+
+    def check(self, prompt: Sequence[int]) -> None:
+        """The checks made before the first call (ValueError with the valid range)."""
+        if self.schedule not in self.schedules:
+            raise ValueError(f"unknown schedule {self.schedule!r}; valid: {self.schedules}")
+        if self.width < 1:
+            raise ValueError(f"width must be >= 1, got {self.width}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if len(prompt) < 1:
+            raise ValueError("the prompt must hold at least one token")
+
+
+@dataclass(frozen=True)
+class LTRSettings(DecodeSettings):
+    schedules: ClassVar[tuple[str, ...]] = LTR_SCHEDULES
+
+    pad_verify: bool = True  # packed: pad the verify segment to B rows (2B rows per call)
+
+    @property
+    def block(self) -> int:
+        """B = W + 1: the LTR draft block [last, W masks]."""
+        return self.width + 1
+
+
+@dataclass(frozen=True)
+class AnyOrderSettings(DecodeSettings):
+    schedules: ClassVar[tuple[str, ...]] = ANYORDER_SCHEDULES
+
+    order: str = "ltr"  # verification order: "ltr" or "confidence" (native ignores it)
+    confidence_threshold: float = 0.9  # native: also resolve every proposal at least this confident
+
+    def check(self, prompt: Sequence[int]) -> None:
+        super().check(prompt)
+        if self.order not in ORDERS:
+            raise ValueError(f"unknown verification order {self.order!r}; valid: {ORDERS}")
+
+
+@dataclass(frozen=True)
+class Proposals:
+    """Draft tokens at some positions and the distribution q each was sampled from (None when greedy)."""
+
+    positions: list[int]
+    tokens: torch.Tensor  # (len(positions),) long, on the device
+    probs: torch.Tensor | None  # (len(positions), V)
+
+
+def proposals_ahead(
+    draft_logits: torch.Tensor, positions: Sequence[int], resolved: Container[int], sampling: Sampling
+) -> Proposals:
+    """One call ahead: a call's draft rows propose for `positions` conditioned on the prefix before
+    the call's own verification. The proposals at positions that verification resolved are dropped;
+    the rest are the next draft. Every row is proposed, so the random stream does not depend on
+    what was resolved."""
+    tokens, probs = propose(draft_logits, sampling)
+    keep = [k for k, position in enumerate(positions) if position not in resolved]
+    first = keep[0] if keep else len(positions)
+    if keep == list(range(first, len(positions))):  # a suffix (always so left to right): a view
+        index = slice(first, None)
+    else:
+        index = torch.tensor(keep, dtype=torch.long, device=tokens.device)
+    return Proposals([positions[k] for k in keep], tokens[index], None if probs is None else probs[index])
+
+
+class Decoder(ABC):
+    """One response in progress. A schedule implements `prefill` and `step` (each returns True when
+    decoding must stop) and counts in `produced` every token it emits or resolves, including
+    tokens a stop later discards."""
+
+    def __init__(self, model: CallModel, prompt: Sequence[int], settings: DecodeSettings, stop_check: StopCheck | None):
+        self.model = model
+        self.settings = settings
+        self.prompt = list(prompt)
+        self.meter = Meter(model, settings.timing)
+        self.emitter = Emitter(settings.max_new_tokens, settings.eos_token_ids, stop_check)
+        self.produced = 0
+        self.proposed = 0  # drafts verified
+        self.drafted_ok = 0  # drafts accepted
+
+    @abstractmethod
+    def prefill(self) -> bool:
+        """The first call: write the prompt and produce the first token(s)."""
+
+    @abstractmethod
+    def step(self) -> bool:
+        """One iteration after prefill."""
+
+    def extra(self) -> dict:
+        """Family-specific record fields."""
+        return {}
+
+
+def drive(
+    model: CallModel,
+    prompt: Sequence[int],
+    settings: DecodeSettings,
+    stop_check: StopCheck | None,
+    decoders: dict[str, type[Decoder]],
+) -> Decoded:
+    """Decode one response on a fresh cache, dropped again however decoding ends."""
+    settings.check(prompt)
+    model.reset()
+    try:
+        decoder = decoders[settings.schedule](model, prompt, settings, stop_check)
+        accepted: list[int] = []  # tokens produced per iteration after prefill
+        done = decoder.prefill()
+        while not done:
+            before = decoder.produced
+            done = decoder.step()
+            accepted.append(decoder.produced - before)
+        emitter = decoder.emitter
+        # Produced tokens that are not in the output: cut by a stop, or produced beyond it.
+        emitter.truncated_tokens = decoder.produced - len(emitter.tokens)
+        return decoder.meter.finish(
+            emitter, len(prompt), accepted, decoder.proposed, decoder.drafted_ok, decoder.extra()
+        )
+    finally:
+        model.reset()
