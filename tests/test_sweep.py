@@ -1,0 +1,168 @@
+"""Sweeps (packedss.sweep, the packedss Hydra sweeper) and plans (packedss.plan): grids expand as
+Hydra's, every job is checked before the first starts, a job that fails at run time does not
+stop the others, and the plan lists, checks and costs jobs without loading a model."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from packedss.errors import PackedSSError
+from packedss.plan import TASK_SIZES, format_plan, main, plan, task_size
+from packedss.paths import PROJECT_ROOT
+from packedss.records import read_records
+from packedss.sweep import expand, rerun_command
+from tests.conftest import SHARED_DATA
+
+SWEEPER = "hydra/sweeper=packedss"
+
+
+def run_sweep(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
+    return subprocess.run(
+        [sys.executable, str(PROJECT_ROOT / "run.py"), "-m", SWEEPER, *args, f"hydra.sweep.dir={tmp_path}/multirun"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900,
+    )  # fmt: skip
+
+
+def test_grids_expand_as_hydras_product_each_and_their_union():
+    parser = OverridesParser.create()
+    params = {"width": "8,16"}
+    grids = {"speculative": {"schedule": "linear,packed", "order": "ltr,confidence"}, "native": {"schedule": "native"},
+             "dropped": None}  # fmt: skip
+    jobs = expand(parser, params, grids, ["limit=2"])
+    assert jobs == [
+        ["width=8", "schedule=linear", "order=ltr", "limit=2"],
+        ["width=8", "schedule=linear", "order=confidence", "limit=2"],
+        ["width=8", "schedule=packed", "order=ltr", "limit=2"],
+        ["width=8", "schedule=packed", "order=confidence", "limit=2"],
+        ["width=16", "schedule=linear", "order=ltr", "limit=2"],
+        ["width=16", "schedule=linear", "order=confidence", "limit=2"],
+        ["width=16", "schedule=packed", "order=ltr", "limit=2"],
+        ["width=16", "schedule=packed", "order=confidence", "limit=2"],
+        ["width=8", "schedule=native", "limit=2"],
+        ["width=16", "schedule=native", "limit=2"],
+    ]
+    # The command line wins over params and grids.
+    assert expand(parser, params, grids, ["schedule=packed", "width=4"]) == [
+        ["width=4", "schedule=packed", "order=ltr"],
+        ["width=4", "schedule=packed", "order=confidence"],
+        ["width=4", "schedule=packed"],
+    ]
+    assert expand(parser, {}, None, ["a=1,2"]) == [["a=1"], ["a=2"]]
+
+
+def test_rerun_command_quotes_each_override():
+    assert rerun_command(["task=gsm8k", "data_dir=/my data", "+experiment=table6"]) == (
+        "python run.py task=gsm8k 'data_dir=/my data' +experiment=table6"
+    )
+
+
+def test_every_invalid_job_is_listed_before_any_job_runs(tmp_path):
+    out = tmp_path / "out"
+    result = run_sweep(["model=setdlm1.7b", "width=8,16,32", "schedule=linear,native", "limit=1", f"out_dir={out}"], tmp_path)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "error: 2 of 6 jobs of this sweep are invalid; nothing was run" in result.stderr
+    assert "#4 model=setdlm1.7b width=32 schedule=linear" in result.stderr
+    assert "#5 model=setdlm1.7b width=32 schedule=native" in result.stderr
+    assert result.stderr.count("checkpoints serve widths up to 16") == 2
+    assert "Launching" not in result.stderr and not out.exists()
+
+
+def test_a_width_beyond_the_local_checkpoints_drafter_is_refused_for_every_job():
+    with pytest.raises(PackedSSError) as err:
+        plan([["+experiment=table8", "model=tiny-set", "width=8,32"]])
+    message = str(err.value)
+    assert message.startswith("4 of 8 jobs of this sweep are invalid")
+    assert message.count("invalid width=32: model tiny-set holds blocks of at most 16 rows") == 4
+
+
+def _write_gsm8k(directory: Path, questions: int) -> None:
+    directory.mkdir()
+    rows = [{"question": f"Tom has {i} apples and buys 2 more. How many?", "answer": f"{i} + 2 = {i + 2}\n#### {i + 2}"}
+            for i in range(questions)]  # fmt: skip
+    (directory / "gsm8k_test.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+@pytest.mark.parametrize("launcher", ["basic", pytest.param("local", marks=pytest.mark.slow)])
+def test_a_job_that_fails_at_run_time_does_not_stop_the_sweep(tmp_path, launcher):
+    data, out = tmp_path / "data", tmp_path / "out"
+    _write_gsm8k(data, 2)  # no math500 file: the middle job fails when it loads its data
+    result = run_sweep([f"hydra/launcher={launcher}", "model=tiny", "task=gsm8k,math500,arith", "limit=2",
+                        "max_new_tokens=16", f"data_dir={data}", f"out_dir={out}"], tmp_path)  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]
+    for task in ("gsm8k", "arith"):
+        records, bad = read_records(out / "tiny" / task / "packed-W8-T0-s0.jsonl")
+        assert bad == [] and len(records) == 2, task
+    assert not (out / "tiny" / "math500").exists()
+    summary = result.stderr[result.stderr.index("1 of 3 jobs failed") :]
+    assert "#1 model=tiny task=math500" in summary
+    assert "math500_test.jsonl" in summary
+    assert f"rerun: python run.py model=tiny task=math500 limit=2 max_new_tokens=16 data_dir={data} out_dir={out}" in summary
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (SHARED_DATA / "gsm8k_test.jsonl").is_file(), reason=f"benchmark data not present at {SHARED_DATA}")
+def test_table8_preset_runs_every_job_on_the_tiny_any_order_model(tmp_path):
+    out = tmp_path / "out"
+    result = run_sweep(["+experiment=table8", "model=tiny-set", "limit=1", "max_new_tokens=8", f"data_dir={SHARED_DATA}",
+                        f"out_dir={out}"], tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    names = sorted(path.name for path in out.rglob("*.jsonl"))
+    assert names == sorted(f"{s}-W{w}-T0-ltr-s0.jsonl" for s in ("linear", "quadratic", "packed", "native") for w in (8, 16)), names
+
+
+def test_plan_lists_jobs_and_ends_with_the_totals(capsys):
+    assert main(["+experiment=table3", "--and", "+experiment=table4", "limit=3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:4] == ["#", "model", "checkpoint", "task"]
+    assert len(lines[1 : lines.index("")]) == 9
+    assert lines[-1] == f"9 jobs, {6 * 10 + 3 * 3} question-runs"
+    assert "  nemotron8b: n/a (the paper has no figure for its 9 jobs)" in lines
+
+
+def test_plan_of_an_invalid_sweep_lists_every_problem(capsys):
+    assert main(["model=tiny", "order=ltr,confidence", "width=4"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: 2 of 2 jobs of this sweep are invalid")
+    assert err.count("needs an any-order model") == 2
+
+
+def test_a_job_that_two_sweeps_or_two_grids_share_is_listed_once():
+    assert len(plan([["+experiment=table8"], ["+experiment=table9"]])) == 14
+    # packed with the family's default order (the native grid, overridden) is packed with order=ltr
+    jobs = plan([["+experiment=table9", "model=tiny-set", "schedule=packed"]])
+    assert sorted((job.width, job.order) for job in jobs) == [(8, "confidence"), (8, "ltr"), (16, "confidence"), (16, "ltr")]
+
+
+def test_estimate_is_the_papers_time_per_nfe_times_its_nfe_per_response():
+    from packedss.analysis.paper_numbers import TABLE6
+
+    [row] = [r for r in TABLE6 if r["Task"] == "MBPP" and r["Method"] == "Linear-SS"]
+    jobs = plan([["+experiment=table6", "model=nemotron3b", "task=mbpp", "schedule=linear,packed", "width=31,15"]])
+    estimates = {(job.schedule, job.width): job.estimate_s for job in jobs}
+    assert estimates[("linear", 31)] == pytest.approx(row["Time/NFE (ms)"] / 1000 * row["NFE"] * 378)
+    assert estimates[("linear", 15)] is None  # the paper measured B = 32 only
+    text = format_plan(jobs)
+    assert "nemotron3b: " in text and "for 2 of its 4 jobs (n/a for 2: the paper has no figure)" in text
+
+
+def test_t1_jobs_count_every_sample():
+    [job] = plan([["+experiment=table7", "model=nemotron3b", "task=humaneval", "schedule=packed"]])
+    assert (job.n, job.samples, job.question_runs, job.verify) == (164, 23, 164 * 23, "rejection")
+
+
+@pytest.mark.skipif(not (SHARED_DATA / "README.md").is_file(), reason=f"benchmark data not present at {SHARED_DATA}")
+def test_task_sizes_are_the_data_files_question_counts():
+    from packedss.tasks import load_task, load_task_config
+
+    for (name, split, variant), size in TASK_SIZES.items():
+        cfg = load_task_config(name, **({"variant": variant} if variant else {}))
+        assert cfg.split == split
+        assert len(load_task(cfg, str(SHARED_DATA)).questions()) == size == task_size(cfg), (name, variant)
