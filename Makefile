@@ -36,5 +36,7 @@ golden: $(STAMP)
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache
 
-# reproduce-table2 ... reproduce-table13, reproduce-figure3 ... figure5, reproduce-all
+# plan-table2 ... plan-table13, plan-figure3 ... plan-figure5, plan-all: the jobs of the targets below,
+# checked and costed without loading a model; reproduce-table2 ... reproduce-table13,
+# reproduce-figure3 ... figure5, reproduce-all
 include scripts/reproduce.mk
