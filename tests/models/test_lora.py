@@ -192,3 +192,35 @@ def test_errors(checkpoint, adapter_dir, tmp_path):
     with pytest.raises(PackedSSError, match="rank 3"):
         attach_proposal_lora(model, adapter_dir)
     assert model.proposal_lora is None
+
+
+def test_bf16_base_keeps_float32_adapter_weights_as_peft(checkpoint, adapter_dir):
+    """PEFT keeps LoRA weights in float32 on a bf16 base and adds the delta in float32; the
+    draft rows then equal PEFT's own forward on the same bf16 base, verify rows are untouched."""
+    peft = pytest.importorskip("peft")
+    model = load_nemotron(checkpoint, dtype="bfloat16")
+    call = _packed()
+    plain = _run(model, call)
+    lora = attach_proposal_lora(model, adapter_dir)
+    assert {p.dtype for p in lora.parameters()} == {torch.float32}
+    model.reset()
+    mask = model.additive_mask(call)
+    lora.select(torch.ones(call.rows, dtype=torch.bool))
+    mine = model.backbone(input_ids=call.tokens[None], position_ids=call.positions[None], attention_mask=mask).last_hidden_state
+    lora.select(None)
+    adapted = _run(model, call)
+    detach_proposal_lora(model)
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, encoder):
+            super().__init__()
+            self.encoder = encoder
+
+    wrapped = peft.PeftModel.from_pretrained(Wrapper(model.backbone), str(adapter_dir))
+    assert {p.dtype for n, p in wrapped.named_parameters() if "lora_" in n} == {torch.float32}
+    theirs = wrapped.base_model.model.encoder(
+        input_ids=call.tokens[None], position_ids=call.positions[None], attention_mask=mask
+    ).last_hidden_state
+    assert torch.equal(mine, theirs)
+    verify = call.roles != int(Role.DRAFT)
+    assert torch.equal(plain[verify], adapted[verify])

@@ -44,6 +44,11 @@ class _Pair:
     scale: float
 
 
+def adapter_dtype(base: torch.dtype) -> torch.dtype:
+    """PEFT keeps adapter weights in float32 on a half-precision base (autocast_adapter_dtype)."""
+    return torch.float32 if base in (torch.float16, torch.bfloat16) else base
+
+
 class ProposalLoRA(nn.Module):
     """LoRA pairs on Linear modules of a backbone, applied to the selected rows only.
 
@@ -74,8 +79,9 @@ class ProposalLoRA(nn.Module):
                 )
             key = name.replace(".", "__")
             weight = module.weight
-            self.lora_A[key] = nn.Parameter(a.to(device=weight.device, dtype=weight.dtype))
-            self.lora_B[key] = nn.Parameter(b.to(device=weight.device, dtype=weight.dtype))
+            dtype = adapter_dtype(weight.dtype)
+            self.lora_A[key] = nn.Parameter(a.to(device=weight.device, dtype=dtype))
+            self.lora_B[key] = nn.Parameter(b.to(device=weight.device, dtype=dtype))
             self.scales[key] = float(scale)
             self._hooks.append(module.register_forward_hook(self._hook(key)))
 
@@ -123,9 +129,11 @@ class ProposalLoRA(nn.Module):
                 return output
             x = inputs[0]
             a, b = self.lora_A[key], self.lora_B[key]
-            delta = (x @ a.t().to(x.dtype)) @ b.t().to(x.dtype)  # every row of the call is evaluated
-            keep = rows.to(device=output.device, dtype=output.dtype)[..., None]
-            return output + delta * (self.scales[key] * keep)
+            # As PEFT: the input is cast to the adapter's dtype, the delta is added in that dtype
+            # and the sum cast back to the base layer's (float32 adapters on a bf16 base).
+            delta = (x.to(a.dtype) @ a.t()) @ b.t()  # every row of the call is evaluated
+            keep = rows.to(device=output.device, dtype=delta.dtype)[..., None]
+            return (output + delta * (self.scales[key] * keep)).to(output.dtype)
 
         return hook
 
