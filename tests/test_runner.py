@@ -217,6 +217,8 @@ def test_any_order_family_runs_through_the_same_runner(tmp_path):
     assert len(records) == 8
     assert {r["family"] for r in records} == {"setdlm"}
     assert {r["lossy"] for r in records if r["schedule"] == "native"} == {True}
+    # The released native sampler's window: half the checkpoint's smax (SET_SMAX = 16 here).
+    assert {r["native_window"] for r in records if r["schedule"] == "native"} == {8}
     lossless = [r for r in records if r["schedule"] != "native"]
     for question in {r["question_id"] for r in records}:
         assert len({r["output_hash"] for r in lossless if r["question_id"] == question}) == 1

@@ -79,19 +79,47 @@ _EXTRA_FIELDS = {"rope_theta", "rope_scaling", "head_dim", "vocab_size"}
 
 class SetDLMAdapter(BackboneAdapter):
     """A set model seen through calls. Every row's logits come back; the mask token can never be
-    predicted (its logit is -inf), as in SetDLM. `window` is the model's smax (None: unknown)."""
+    predicted (its logit is -inf), as in SetDLM. `window` is the model's smax (None: unknown).
+
+    `context` is the trained sequence length (config.json `length`). As the released decoder
+    does, once the cache plus a call would exceed it, the oldest cache entries are dropped from
+    the left (their keys keep the positions they were computed at); each call reports how many
+    rows it dropped (`cache_rows_dropped`)."""
 
     family = FAMILY
 
-    def __init__(self, *args, window: int | None = None, **kwargs):
+    def __init__(self, *args, window: int | None = None, context: int | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.window = window
+        self.context = context
 
     @torch.inference_mode()
     def run(self, call: Call) -> torch.Tensor:
+        dropped = 0
+        if self.context is not None:
+            dropped = max(0, self.cached_rows + call.rows - self.context)
+            if dropped:
+                self._drop_oldest(dropped, call.rows)
         logits = super().run(call)
         logits[:, self.mask_token_id] = float("-inf")
+        if self.context is not None:
+            self.call_stats = {**self.call_stats, "cache_rows_dropped": dropped}
         return logits
+
+    def _drop_oldest(self, rows: int, call_rows: int) -> None:
+        if call_rows > self.context:
+            raise PackedSSError(
+                f"model {self.name}: a call of {call_rows} rows does not fit its context length {self.context}; "
+                "use a smaller width"
+            )
+        if self.static is not None:
+            raise PackedSSError(
+                f"model {self.name}: this response outgrows the context length {self.context}, and the compiled "
+                "static path cannot drop the oldest cache entries; run it with model.compile=none"
+            )
+        for layer in self.cache.layers:
+            layer.keys = layer.keys[:, :, rows:]
+            layer.values = layer.values[:, :, rows:]
 
 
 def _base_fields(backbone: dict, directory: Path, what: str) -> dict:
@@ -223,6 +251,7 @@ def load_setdlm(path: str | Path, device: str | torch.device = "cpu", dtype="flo
         block_size=int(smax) if smax is not None else None,
         name=directory.name,
         window=int(smax) if smax is not None else None,
+        context=int(config["length"]) if config.get("length") is not None else None,
     )
 
 
