@@ -1,4 +1,4 @@
-"""Row and NFE accounting per call, and the record identities of SPEC §5."""
+"""Row and NFE accounting per call, and the record identities of docs/records.md §3."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
     python -m packedss.analysis RESULTS_DIR [--compare-paper] [--tables 6,10] [--figures 3,4,5]
 
-See README.md in this folder for the definitions and outputs.
+The definitions and outputs: docs/analysis.md.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Paired comparisons by question with 95% paired bootstrap confidence intervals (SPEC §6).
+"""Paired comparisons by question with 95% paired bootstrap confidence intervals (docs/analysis.md §4).
 
 Pairs: the per-response rows (repeats already averaged, see `metrics.per_response`) of two runs
 are joined on (question_id, sample, seed); only question-samples present in both runs are

@@ -1,4 +1,4 @@
-"""The paper's aggregates (SPEC §6), per-family facts read from the family table, and the labels
+"""The paper's aggregates (docs/analysis.md §3), per-family facts read from the family table, and the labels
 used in tables and figures.
 
 Samples and repeats: a run at T > 0 may decode K independent samples of each question

@@ -1,5 +1,5 @@
-"""The any-order ("set") family of SPEC §3: ar, linear, packed, quadratic and native decoding of a
-set model such as SetDLM. See the README, "The any-order family", for the rules and record identities.
+"""The any-order ("set") family: ar, linear, packed, quadratic and native decoding of a set model
+such as SetDLM. The rules and record identities: docs/schedules.md §11-§14.
 
 A set model predicts only from MASK rows. Attention (the set-causal rule): a clean row sees the
 committed cache and the clean rows before it in the decoding order; a mask row sees the cache,

@@ -1,4 +1,4 @@
-"""The LTR schedules of SPEC §3 on one decoding core: ar, linear, quadratic, packed.
+"""The LTR schedules (docs/schedules.md §1-§10) on one decoding core: ar, linear, quadratic, packed.
 
 Positions are 0-based: the prompt occupies 0..L-1 and n is the position of the last
 emitted token, which is never in the KV cache at the start of an iteration. An AR

@@ -1,4 +1,4 @@
-"""Per-response bookkeeping: emitted tokens, stops, and every cost field of a record (SPEC §5)."""
+"""Per-response bookkeeping: emitted tokens, stops, and every cost field of a record (docs/records.md §2)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The SetDLM layout (kuleshov-group/setdlm-gsm8k-smax8 / -smax16; code: github
 kuleshov-group/setdlms, class SetDLM(BD3LM)), loaded without trust_remote_code.
 
-How the released directory is laid out (read from the setdlms code; see the README, "The any-order family"):
+How the released directory is laid out (read from the setdlms code; see docs/models.md §5):
 - config.json is the denoiser config (`architectures: ["SetDLM"]`), NOT a Qwen3 config. It holds
   `mask_token_id`, `eos_token_id`, `pad_token_id`, `vocab_size` (also inside
   `tokenization_config`), `length`, `block_size`, a `noise_config` whose `max_block_size` is the

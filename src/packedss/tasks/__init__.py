@@ -1,4 +1,4 @@
-"""Tasks: data sets, prompts and graders (SPEC §4).
+"""Tasks: data sets, prompts and graders (docs/data.md).
 
     from packedss.tasks import load_task, load_task_config
     task = load_task(load_task_config("gsm8k"), data_dir="../shared/data")

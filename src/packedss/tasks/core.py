@@ -71,7 +71,7 @@ class Grade:
     sandbox: Optional[dict] = None
 
     def record_fields(self, grader: str) -> dict:
-        """The record's score fields (SPEC §5): extracted_answer, correct, grader, sandbox."""
+        """The record's score fields (docs/records.md §2): extracted_answer, correct, grader, sandbox."""
         return {
             "extracted_answer": self.extracted_answer,
             "correct": self.correct,
