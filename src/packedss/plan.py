@@ -66,16 +66,23 @@ class PlannedJob:
         return self.n * self.samples * self.repeats
 
 
-def task_size(task) -> int:
+def task_size(task) -> Optional[int]:
+    """The task's question count, None when the plan does not know it."""
     if task.name == "arith":
         return int(task.n)
-    size = TASK_SIZES.get((task.name, task.split, task.variant or ""))
+    return TASK_SIZES.get((task.name, task.split, task.variant or ""))
+
+
+def question_count(task, limit: Optional[int]) -> int:
+    size = task_size(task)
     if size is None:
-        raise PackedSSError(
-            f"the plan knows no question count for task {task.name} (split {task.split}, variant "
-            f"{task.variant or 'none'}); set limit=N, or add it to packedss.plan.TASK_SIZES"
-        )
-    return size
+        if limit is None:
+            raise PackedSSError(
+                f"the plan knows no question count for task {task.name} (split {task.split}, variant "
+                f"{task.variant or 'none'}); set limit=N, or add it to packedss.plan.TASK_SIZES"
+            )
+        return limit
+    return size if limit is None else min(limit, size)
 
 
 def _paper_costs() -> dict[tuple, tuple[float, float]]:
@@ -134,8 +141,7 @@ def describe(cfg, overrides: Sequence[str]) -> PlannedJob:
         checkpoint_label = f"{checkpoint.hub_id} @ {checkpoint.path}"
     else:
         checkpoint_label = checkpoint.label()
-    size = task_size(cfg.task)
-    n = size if cfg.limit is None else min(cfg.limit, size)
+    n = question_count(cfg.task, cfg.limit)
     verify = GREEDY if cfg.temperature == 0 else cfg.verify
     order = resolved_order(cfg)
     max_new_tokens = cfg.max_new_tokens or cfg.task.max_new_tokens
