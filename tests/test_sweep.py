@@ -166,3 +166,15 @@ def test_task_sizes_are_the_data_files_question_counts():
         cfg = load_task_config(name, **({"variant": variant} if variant else {}))
         assert cfg.split == split
         assert len(load_task(cfg, str(SHARED_DATA)).questions()) == size == task_size(cfg), (name, variant)
+
+
+def test_a_paths_file_gives_each_job_of_a_sweep_its_own_checkpoint_directory():
+    nemotron = plan([["+paths=local", "model=nemotron3b,nemotron8b", "task=gsm8k", "limit=1"]])
+    assert [job.checkpoint for job in nemotron] == [
+        "nvidia/Nemotron-Labs-Diffusion-3B @ models/Nemotron-Labs-Diffusion-3B",
+        "nvidia/Nemotron-Labs-Diffusion-8B @ models/Nemotron-Labs-Diffusion-8B",
+    ]
+    setdlm = plan([["+paths=local", "model=setdlm1.7b", "task=gsm8k", "width=4,8,12,16", "limit=1"]])
+    assert [job.checkpoint.split(" @ ")[1] for job in setdlm] == [
+        "models/setdlm-gsm8k-smax8", "models/setdlm-gsm8k-smax8", "models/setdlm-gsm8k-smax16", "models/setdlm-gsm8k-smax16"
+    ]
