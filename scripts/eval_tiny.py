@@ -25,56 +25,31 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see scripts/train_tiny.py
 
-import torch
+import torch  # noqa: E402
+
+from packedss.decoding import LTRSettings, Sampling, decode_ltr  # noqa: E402
+from packedss.models.nemotron import load_nemotron  # noqa: E402
+from packedss.tasks.stops import make_stop_check, output_text  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "src"))
-
-from packedss.decoding import DecodeSettings, Sampling, decode  # noqa: E402
-from packedss.models.nemotron import load_nemotron  # noqa: E402
-
 BEGIN, END = "<!-- eval_tiny:begin -->", "<!-- eval_tiny:end -->"
 
 
-def stop_checker(tokenizer, stops: list[str]):
-    """StopCheck for plain prompts: when a stop string appears in the decoded output, keep the
-    tokens up to the one that completed it (the text is cut at the stop string afterwards)."""
-    if not stops:
-        return None
-
-    def check(tokens, new):
-        first = len(tokens) - new
-        if not any(s in tokenizer.decode(tokens, skip_special_tokens=True) for s in stops):
-            return None
-        for k in range(max(first, 1), len(tokens) + 1):
-            if any(s in tokenizer.decode(tokens[:k], skip_special_tokens=True) for s in stops):
-                return k
-        return None
-
-    return check
-
-
-def cut_at_stop(text: str, stops: list[str]) -> str:
-    cut = min((text.find(s) for s in stops if s in text), default=-1)
-    return text if cut < 0 else text[:cut]
-
-
 def run_schedule(adapter, tokenizer, task, questions, schedule, width, max_new_tokens):
-    eos = adapter.eos_token_ids
-    settings = DecodeSettings(
+    settings = LTRSettings(
         schedule=schedule,
         width=width,
         max_new_tokens=max_new_tokens,
-        eos_token_ids=eos,
+        eos_token_ids=adapter.eos_token_ids,
         sampling=Sampling(temperature=0.0, rule="rejection", generator=None),
     )
-    check = stop_checker(tokenizer, task.stop)
+    check = make_stop_check(tokenizer, task.stop)
     results = []
     lora = adapter.proposal_lora
     for q in questions:
         prompt_ids = tokenizer.encode(task.build_prompt(q), add_special_tokens=False)
-        out = decode(adapter, prompt_ids, settings, stop_check=check)
-        text = cut_at_stop(tokenizer.decode(out.tokens, skip_special_tokens=True), task.stop)
+        out = decode_ltr(adapter, prompt_ids, settings, check)
+        text = output_text(tokenizer, out.tokens, task.stop)
         grade = task.grade(q, text)
         item = {
             "question_id": q.question_id,

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
+from packedss.decoding.anyorder import set_call
 from packedss.decoding.calls import Call, Role, Segment, block_segment, causal_segment, draft_block, pack, pad_segment
 
 IGNORE = -100  # target of a row the loss does not read
@@ -181,8 +182,6 @@ def sample_set_rows(
 
 def set_sequence(rows: SetRows, mask_id: int) -> TrainingSequence:
     """The set call of `rows`: mask row (a, c) predicts answer[a]."""
-    from packedss.decoding.anyorder import set_call  # the any-order decoder's call builder
-
     prompt, clean = len(rows.prompt), len(rows.sigma)
     answer_positions = torch.tensor([prompt + a for a in rows.sigma], dtype=torch.long)
     mask_positions = torch.tensor([prompt + a for a, _ in rows.masks], dtype=torch.long)
@@ -191,10 +190,10 @@ def set_sequence(rows: SetRows, mask_id: int) -> TrainingSequence:
         prefix_positions=torch.arange(prompt),
         clean_tokens=torch.tensor([rows.answer[a] for a in rows.sigma], dtype=torch.long),
         clean_positions=answer_positions,
-        clean_real=torch.ones(clean, dtype=torch.bool),
+        clean_real=[True] * clean,
         mask_positions=mask_positions,
-        mask_levels=torch.tensor([c for _, c in rows.masks], dtype=torch.long),
-        mask_real=torch.ones(len(rows.masks), dtype=torch.bool),
+        mask_levels=[c for _, c in rows.masks],
+        mask_real=[True] * len(rows.masks),
         mask_token_id=mask_id,
     )
     targets = [IGNORE] * (prompt + clean) + [rows.answer[a] for a, _ in rows.masks]
