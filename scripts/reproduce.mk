@@ -53,15 +53,18 @@ FOLDER_figure5 := table6
 folder_of = $(or $(FOLDER_$(1)),$(1))
 
 # The tiny models' offline runs read the benchmark files of ../shared/data (DATA_DIR=DIR to
-# change); MBPP+ is not among them, so those runs use MBPP's original test split
-# (task.variant=original). Runs of the paper's models load through datasets unless DATA_DIR is set.
+# change), MBPP+ (MbppPlus.jsonl.gz) included; a DATA_DIR without an MBPP+ file gives MBPP's
+# original test split instead (task.variant=original). Runs of the paper's models load through
+# datasets unless DATA_DIR is set.
 OFFLINE := $(filter tiny tiny-set,$(MODEL))
 DATA_DIR ?= $(if $(OFFLINE),$(wildcard ../shared/data))
+MBPP_PLUS_FILES := MbppPlus.jsonl.gz MbppPlus.jsonl mbppplus.jsonl
+NO_MBPP_PLUS := $(if $(and $(OFFLINE),$(strip $(DATA_DIR))),$(if $(wildcard $(addprefix $(DATA_DIR)/,$(MBPP_PLUS_FILES))),,yes))
 
 # Empty MODEL / LIMIT are not passed, so the presets' own models and question sets apply.
 repro_model = $(strip $(if $(filter $(1),$(ANYORDER_PRESETS)),$(if $(filter tiny,$(MODEL)),tiny-set,$(MODEL)),$(MODEL)))
 repro_overrides = $(if $(call repro_model,$(1)),model=$(call repro_model,$(1))) $(if $(strip $(LIMIT)),limit=$(strip $(LIMIT))) \
-	$(if $(strip $(DATA_DIR)),data_dir=$(abspath $(DATA_DIR))) $(if $(OFFLINE),task.variant=original)
+	$(if $(strip $(DATA_DIR)),data_dir=$(abspath $(DATA_DIR))) $(if $(NO_MBPP_PLUS),task.variant=original)
 # One preset's sweep: its overrides on the command line of run.py -m (and of the plan).
 preset_sweep = $(strip +experiment=$(1) $(call repro_overrides,$(1)) $(OVERRIDES) out_dir=$(RESULTS)/$(call folder_of,$(1))/records)
 # Several presets' sweeps for the plan, separated by --and.

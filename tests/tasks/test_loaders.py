@@ -17,6 +17,7 @@ from packedss.tasks import TASK_NAMES, DataUnavailable, TaskConfig, load_task, l
         ("humaneval", {}, 164, "HumanEval/0", "HumanEval/163"),
         ("writingbench", {}, 1000, "writingbench/1", "writingbench/1000"),
         ("mbpp", {"variant": "original"}, 500, "mbpp/11", "mbpp/510"),
+        ("mbpp", {}, 378, "mbppplus/2", "mbppplus/809"),
     ],
 )
 def test_loads_from_shared_data(shared_data, name, overrides, count, first_id, last_id):
@@ -38,24 +39,6 @@ def test_humaneval_from_the_package_matches_local(shared_data):
     assert len(pkg) == 164 and [q.question_id for q in pkg] == [q.question_id for q in local]
 
 
-def test_every_canonical_humaneval_solution_passes_and_a_wrong_one_fails(shared_data, h):
-    task = h.fast(load_task(load_task_config("humaneval"), str(shared_data)), time_limit_s=10.0)
-    qs = task.questions()
-    grades = task.grade_many([(q, q.metadata["canonical_solution"]) for q in qs])
-    failed = [q.question_id for q, g in zip(qs, grades) if not g.correct]
-    assert failed == []
-    wrong = task.grade_many([(q, "    return None\n") for q in qs[:4]], workers=2)
-    assert [g.correct for g in wrong] == [False] * 4
-
-
-def test_mbpp_original_canonical_solutions_pass(shared_data, h):
-    task = h.fast(load_task(load_task_config("mbpp", variant="original"), str(shared_data)), time_limit_s=10.0)
-    qs = task.questions(limit=60)
-    grades = task.grade_many([(q, q.metadata["canonical_solution"]) for q in qs])
-    assert [q.question_id for q, g in zip(qs, grades) if not g.correct] == []
-    assert task.grade(qs[0], "def remove_Occ(s, ch):\n    return s\n").correct is False
-
-
 def test_mbpp_plus_local_files(tmp_path, h):
     # hub rows (evalplus/mbppplus: a `test` program) and EvalPlus's release format
     hub = [{"task_id": 2, "prompt": "Write a function to double a number.", "code": "def dbl(x):\n    return 2 * x\n",
@@ -68,6 +51,7 @@ def test_mbpp_plus_local_files(tmp_path, h):
     assert t.grade(q, hub[0]["code"]).correct is True
     assert t.grade(q, "def dbl(x):\n    return x\n").correct is False
 
+    # the prompt holds the first test (EvalPlus's release) or it is the first of `assertion`
     release = [{"task_id": "Mbpp/3", "prompt": '"""\nWrite a function to halve.\nassert half(4) == 2.0\n"""\n',
                 "entry_point": "half", "canonical_solution": "def half(x):\n    return x / 2\n",
                 "base_input": [[4], [3]], "plus_input": [[7.5]], "atol": 0, "contract": "", "assertion": ""}]
@@ -76,9 +60,15 @@ def test_mbpp_plus_local_files(tmp_path, h):
     (tmp_path / "mbppplus.jsonl").unlink()
     t = load_task(load_task_config("mbpp"), str(tmp_path))
     (q,) = t.questions()
-    assert q.question_id == "mbppplus/3" and "assert half(4) == 2.0" in q.text
+    assert q.question_id == "mbppplus/3" and q.text == "Write a function to halve.\nassert half(4) == 2.0"
     assert t.grade(q, "```python\ndef half(x):\n    return x * 0.5\n```").correct is True
     assert t.grade(q, "def half(x):\n    return x // 2\n").correct is False
+
+    release[0].update(prompt="'''\nWrite a function to halve.\n'''", assertion="\nassert half(4) == 2.0\nassert half(3) == 1.5\n")
+    with gzip.open(tmp_path / "MbppPlus.jsonl.gz", "wt") as fh:
+        fh.write(json.dumps(release[0]) + "\n")
+    (q,) = load_task(load_task_config("mbpp"), str(tmp_path)).questions()
+    assert q.text == "Write a function to halve.\nYour code should pass these tests:\n\nassert half(4) == 2.0"
 
 
 @pytest.mark.parametrize("name", [n for n in TASK_NAMES if n != "arith"])
@@ -88,6 +78,7 @@ def test_missing_data_dir_is_one_clear_error(tmp_path, name):
         load_task(load_task_config(name), str(missing))
     msg = str(err.value)
     assert str(missing) in msg and "data_dir" in msg and name in msg
+    assert "docs/data.md" in msg and "shared" not in msg
     assert "\n" not in msg
     assert err.value.__cause__ is None and (err.value.__context__ is None or err.value.__suppress_context__)
     assert isinstance(err.value, PackedSSError)

@@ -8,12 +8,26 @@ whole output is the code. Programs:
   that restates the whole function simply redefines it after the prompt's stub);
 - mbpp (original): ``code + test_setup_code + test_imports + the test_list asserts``;
 - mbpp+ (hub format): ``code + test_imports + the test program``; (EvalPlus release format):
-  ``code`` + a comparison of the candidate with the canonical solution on base+plus inputs
-  (exact, or within ``atol`` for floats).
+  EvalPlus's own check (below) of ``code`` against the ground truth on the base, then the
+  plus inputs.
+
+EvalPlus release format: the program runs EvalPlus's own pieces in the sandbox as
+``evalplus.evaluate`` does, for the base inputs and then, when they pass, for the plus inputs:
+``trusted_exec`` of ``prompt + canonical_solution`` gives the expected outputs and reference
+times, then ``evalplus.eval.unsafe_execute`` (the body of ``untrusted_check``'s worker
+process) checks ``code``: per-input time limits ``max(min_time_limit, gt_time_limit_factor *
+ref_time)`` (EvalPlus's defaults, 1 s and 4, unless set below), exact match, ``atol`` and
+float handling, MBPP's special oracles. The sandbox process stands in for EvalPlus's worker
+process: it already runs in a fresh directory (and forbids ``chdir``) under its own guard
+(modelled on the same ``reliability_guard``) and memory limits, so EvalPlus's per-check
+temporary directory, guard and memory limit are left out of the program (the sandbox gets
+EvalPlus's memory limit instead). Each check stops at its first failing input
+(``fast_check``), which gives the same verdict.
 """
 
 from __future__ import annotations
 
+import ast
 import re
 from typing import Optional
 
@@ -41,30 +55,93 @@ def humaneval_program(ref: dict, code: str) -> str:
     return ref["prompt"] + code + "\n\n" + ref["test"] + f"\n\ncheck({ref['entry_point']})\n"
 
 
-_IO_CHECK = '''
+_EVALPLUS_CHECK = """{imports}
+import contextlib
+from math import inf, nan  # repr() writes infinite and NaN floats as these names
 
-import math as _pk_math
+import evalplus.eval as evalplus_eval
+from evalplus.eval._special_oracle import MBPP_OUTPUT_NOT_NONE_TASKS
+from evalplus.gen.util import trusted_exec
 
-def _pk_equal(out, exp, atol):
-    if isinstance(exp, float) or isinstance(out, float):
-        try:
-            if _pk_math.isnan(exp) and _pk_math.isnan(out):
-                return True
-            return abs(out - exp) <= (atol or 1e-06) + 1e-07 * abs(exp)
-        except TypeError:
-            return False
-    if isinstance(exp, (list, tuple)) and isinstance(out, (list, tuple)):
-        return type(out) is type(exp) and len(out) == len(exp) and all(_pk_equal(a, b, atol) for a, b in zip(out, exp))
-    return out == exp
+# the sandbox's own directory, guard and memory limits stand in for EvalPlus's
+evalplus_eval.create_tempdir = contextlib.nullcontext
+evalplus_eval.reliability_guard = lambda maximum_memory_bytes=None: None
+evalplus_eval.query_maximum_memory_bytes = lambda: None
 
-_pk_ref = {{}}
-exec(compile({canonical!r}, "canonical.py", "exec"), _pk_ref)
-_pk_inputs = {inputs}
-for _pk_inp in _pk_inputs:
-    _pk_exp = _pk_ref[{entry!r}](*__import__("copy").deepcopy(_pk_inp))
-    _pk_out = {entry}(*_pk_inp)
-    assert _pk_equal(_pk_out, _pk_exp, {atol!r}), (_pk_inp, _pk_out, _pk_exp)
-'''
+
+class Shared:
+    # stands in for the multiprocessing.Value through which unsafe_execute reports
+    def __init__(self, value):
+        self.value = value
+
+
+ENTRY_POINT = {entry_point!r}
+GROUND_TRUTH = {ground_truth!r}
+SOLUTION = {solution!r}
+ATOL = {atol!r}
+MIN_TIME_LIMIT = {min_time_limit!r}
+GT_TIME_LIMIT_FACTOR = {gt_time_limit_factor!r}
+INPUTS = {{"base": {base_input}, "plus": {plus_input}}}
+NOT_NONE = ENTRY_POINT in MBPP_OUTPUT_NOT_NONE_TASKS
+
+for part, inputs in INPUTS.items():
+    outputs, ref_time = trusted_exec(GROUND_TRUTH, inputs, ENTRY_POINT, record_time=True, output_not_none=NOT_NONE)
+    time_limits = [max(MIN_TIME_LIMIT, GT_TIME_LIMIT_FACTOR * t) for t in ref_time]
+    stat, progress, details = Shared(evalplus_eval._UNKNOWN), Shared(0), [False] * len(inputs)
+    evalplus_eval.unsafe_execute(
+        "mbpp", ENTRY_POINT, SOLUTION, inputs, outputs, time_limits, ATOL, True, stat, details, progress
+    )
+    if not (stat.value == evalplus_eval._SUCCESS and progress.value == len(inputs) and all(details)):
+        status = evalplus_eval._mapping[stat.value] or evalplus_eval.TIMEOUT
+        raise AssertionError(f"EvalPlus {{part}} inputs: {{status}} ({{progress.value}} of {{len(inputs)}} run)")
+"""
+
+#: EvalPlus's evaluate options --min-time-limit and --gt-time-limit-factor (None: its defaults,
+#: DEFAULT_MIN_TIME_LIMIT and DEFAULT_GT_TIME_LIMIT_FACTOR of evalplus.config).
+EVALPLUS_MIN_TIME_LIMIT_S: Optional[float] = None
+EVALPLUS_GT_TIME_LIMIT_FACTOR: Optional[float] = None
+
+#: EvalPlus's own cap on one check (``untrusted_check`` joins its worker for at most
+#: min(EVALPLUS_TIMEOUT_PER_TASK = 60, sum of the per-input limits) + 2 seconds).
+EVALPLUS_CHECK_CAP_S = 62.0
+
+
+def evalplus_limits(cfg: TaskConfig) -> tuple[float, int]:
+    """The sandbox's (wall-clock seconds, memory MiB) for an EvalPlus check. Time:
+    ``time_limit_s`` for start-up and the ground truth plus EvalPlus's cap for the base and the
+    plus check (a merely slow solution is stopped earlier by the per-input limits). Memory:
+    EvalPlus's own limit for its worker (4 GiB or all of the RAM, EVALPLUS_MAX_MEMORY_BYTES),
+    which holds the expected outputs too (some need over 1 GiB); ``memory_limit_mb`` when
+    EvalPlus sets none."""
+    from evalplus.eval import query_maximum_memory_bytes
+
+    memory_bytes = query_maximum_memory_bytes()
+    memory_mb = cfg.memory_limit_mb if memory_bytes is None else memory_bytes >> 20
+    return float(cfg.time_limit_s) + 2 * EVALPLUS_CHECK_CAP_S, memory_mb
+
+
+def _imported_modules(source: str) -> list[str]:
+    """The absolute imports of ``source`` (none when it does not parse: it fails anyway)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, RecursionError):
+        return []
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+    return list(dict.fromkeys(names))
+
+
+def _import_lines(*sources: str) -> str:
+    """Import statements for the modules ``sources`` import. The EvalPlus check executes the
+    solution from a string, so these lines are what names its modules to the sandbox, which
+    loads a program's imports before it drops privileges; a module that fails to import
+    here fails, as it would in EvalPlus, when the solution itself imports it."""
+    modules = dict.fromkeys(m for source in sources for m in _imported_modules(source))
+    return "".join(f"try:\n    import {m}\nexcept Exception:\n    pass\n" for m in modules)
 
 
 def mbpp_program(ref: dict, code: str) -> str:
@@ -74,19 +151,28 @@ def mbpp_program(ref: dict, code: str) -> str:
         return "\n\n".join([code, ref.get("test_setup_code") or "", imports, "\n".join(ref["test_list"])]) + "\n"
     if fmt == "program":
         return "\n\n".join([code, imports, ref["test"]]) + "\n"
-    if fmt == "io":
-        inputs = ref["inputs"]
-        inputs_src = inputs["repr"] if isinstance(inputs, dict) else repr(inputs)
-        return code + _IO_CHECK.format(
-            canonical=ref["canonical_solution"], inputs=inputs_src, entry=ref["entry_point"], atol=float(ref["atol"])
+    if fmt == "evalplus":
+        from evalplus.config import DEFAULT_GT_TIME_LIMIT_FACTOR, DEFAULT_MIN_TIME_LIMIT
+
+        return _EVALPLUS_CHECK.format(
+            imports=_import_lines(ref["ground_truth"], code),
+            entry_point=ref["entry_point"],
+            ground_truth=ref["ground_truth"],
+            solution=code,
+            atol=ref["atol"],
+            base_input=ref["base_input"],
+            plus_input=ref["plus_input"],
+            min_time_limit=float(EVALPLUS_MIN_TIME_LIMIT_S or DEFAULT_MIN_TIME_LIMIT),
+            gt_time_limit_factor=float(EVALPLUS_GT_TIME_LIMIT_FACTOR or DEFAULT_GT_TIME_LIMIT_FACTOR),
         )
     raise ValueError(f"unknown mbpp reference format {fmt!r}")
 
 
-def _grade_program(cfg: TaskConfig, program: str, fenced: bool, code: str) -> Grade:
+def _grade_program(program: str, fenced: bool, code: str, limits: tuple[float, int]) -> Grade:
     if not code.strip():
         return Grade(extracted_answer=None, correct=False, details={"status": "empty", "fenced": fenced})
-    res = run_program(program, time_limit_s=cfg.time_limit_s, memory_limit_mb=cfg.memory_limit_mb)
+    time_limit_s, memory_limit_mb = limits
+    res = run_program(program, time_limit_s=time_limit_s, memory_limit_mb=memory_limit_mb)
     return Grade(
         extracted_answer=code[:20000],
         correct=res.passed,
@@ -102,12 +188,16 @@ def _grade_program(cfg: TaskConfig, program: str, fenced: bool, code: str) -> Gr
 
 def grade_humaneval(cfg: TaskConfig, q: Question, output: str) -> Grade:
     code, fenced = extract_code(output)
-    return _grade_program(cfg, humaneval_program(q.reference, code), fenced, code)
+    return _grade_program(humaneval_program(q.reference, code), fenced, code, (cfg.time_limit_s, cfg.memory_limit_mb))
 
 
 def grade_mbpp(cfg: TaskConfig, q: Question, output: str) -> Grade:
     code, fenced = extract_code(output)
-    return _grade_program(cfg, mbpp_program(q.reference, code), fenced, code)
+    if q.reference.get("format") == "evalplus":
+        limits = evalplus_limits(cfg)
+    else:
+        limits = (cfg.time_limit_s, cfg.memory_limit_mb)
+    return _grade_program(mbpp_program(q.reference, code), fenced, code, limits)
 
 
 def canonical_output(q: Question) -> Optional[str]:

