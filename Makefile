@@ -17,6 +17,8 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(if $(strip $(TORCH)),$(PY) -m pip install -q "$(TORCH)",)
 	$(PY) -m pip install -q -e ".[dev]"
+	# EvalPlus's MBPP+ data and checker only: its declared LLM-client dependencies are not needed
+	$(PY) -m pip install -q --no-deps "evalplus==0.3.1"
 	touch $(STAMP)
 
 # The embedded default (tiny model, arith, CPU) swept over the schedules, then the paper's

@@ -128,3 +128,13 @@ def test_a_record_without_its_task_config_is_kept_and_reported(tmp_path, h, caps
     assert grade_cli.regrade_file(path)["skipped"] == 1
     assert f"{path}:2: kept unchanged (the record has no task_config" in capsys.readouterr().err
     assert json.loads(path.read_text().splitlines()[1]) == rows[1]
+
+
+def test_code_records_name_the_active_sandbox_protections(shared_data):
+    task = load_task(load_task_config("humaneval"), str(shared_data))
+    question = task.questions(limit=1)[0]
+    fields = task.grade(question, question.metadata["canonical_solution"]).record_fields("humaneval")
+    assert fields["correct"] is True
+    assert fields["sandbox"]["rlimits"] is True and "fs" in fields["sandbox"]
+    arith = load_task(load_task_config("arith"), None)
+    assert arith.grade(arith.questions(limit=1)[0], "#### 1").record_fields("numeric")["sandbox"] is None

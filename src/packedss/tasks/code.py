@@ -183,6 +183,7 @@ def _grade_program(program: str, fenced: bool, code: str, limits: tuple[float, i
             "fenced": fenced,
             "stderr_tail": res.stderr_tail[-1000:],
         },
+        sandbox=res.sandbox,
     )
 
 
