@@ -188,7 +188,8 @@ def plan(sweeps: Sequence[Sequence[str]], config_dir: Path = CONF_DIR) -> list[P
         loader = GlobalHydra.instance().config_loader()
         for overrides in sweeps:
             master = loader.load_configuration("config", list(overrides), run_mode=RunMode.MULTIRUN)
-            jobs += compose_jobs(loader, master, list(master.hydra.overrides.task))
+            sweeper = master.hydra.sweeper
+            jobs += compose_jobs(loader, master, sweeper.get("params"), sweeper.get("grids"), list(master.hydra.overrides.task))
     for number, job in enumerate(jobs):
         job.number = number
     message = invalid_jobs_message(jobs)

@@ -65,13 +65,13 @@ def expand(
     return jobs
 
 
-def sweeper_grid(master_config: DictConfig) -> tuple[dict, dict]:
-    """(params, grids) of the master config's sweeper, unresolved (a value may interpolate a key
-    that only a job's own config defines)."""
-    sweeper = master_config.hydra.sweeper
-    params = OmegaConf.to_container(sweeper.params, resolve=False) if sweeper.get("params") else {}
-    grids = OmegaConf.to_container(sweeper.grids, resolve=False) if sweeper.get("grids") else {}
-    return params, grids
+def plain(node) -> dict:
+    """A sweeper's params or grids as plain values, interpolations resolved against the master
+    config, as Hydra resolves the sweeper's config when it instantiates the sweeper (a per-job
+    value such as ${schedule.paper_width} belongs in the preset's top level, not in a grid)."""
+    if node is None:
+        return {}
+    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else dict(node)
 
 
 def job_config(config_loader, master_config: DictConfig, overrides: Sequence[str]) -> DictConfig:
@@ -134,13 +134,12 @@ def job_identity(cfg) -> str:
     return json.dumps(values, sort_keys=True)
 
 
-def compose_jobs(config_loader, master_config: DictConfig, arguments: Sequence[str]) -> list[Job]:
+def compose_jobs(config_loader, master_config: DictConfig, params, grids, arguments: Sequence[str]) -> list[Job]:
     """The sweep's jobs, each composed and checked; a job that composes like an earlier one is dropped."""
     parser = OverridesParser.create(config_loader=config_loader)
-    params, grids = sweeper_grid(master_config)
     jobs: list[Job] = []
     seen: set[str] = set()
-    for overrides in expand(parser, params, grids, arguments):
+    for overrides in expand(parser, plain(params), plain(grids), arguments):
         try:
             cfg = job_config(config_loader, master_config, overrides)
         except Exception as err:  # Hydra's composition errors come in several types

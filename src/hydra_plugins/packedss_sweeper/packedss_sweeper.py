@@ -53,7 +53,7 @@ class PackedSSSweeper(BasicSweeper):
 
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
         tic = time.perf_counter()
-        jobs = compose_jobs(self.hydra_context.config_loader, self.config, arguments)
+        jobs = compose_jobs(self.hydra_context.config_loader, self.config, self.params, self.grids, arguments)
         message = invalid_jobs_message(jobs)
         if message is not None:
             print(f"error: {message}", file=sys.stderr)
