@@ -16,7 +16,7 @@ from packedss.errors import PackedSSError
 from packedss.models.lora import ProposalLoRA
 from packedss.models.nemotron import load_nemotron
 from packedss.models.setdlm import load_setdlm
-from packedss.models.static import end_warmup, enable_static, static_capacity
+from packedss.models.static import end_warmup, enable_static, largest_call_rows, static_capacity
 from tests.anyorder_fixtures import SET_EOS, write_random_setdlm
 from tests.conftest import EOS_ID, MASK_ID, TINY_VOCAB, write_random_nemotron
 
@@ -84,24 +84,27 @@ def test_ltr_decodes_on_the_static_path_equal_eager_decodes(checkpoint, schedule
     prompts = [[5, 9, 11, 30, 7], [4, 4, 12], list(range(4, 20))]
     max_new = 24
     static = enable_static(load_nemotron(checkpoint, dtype="float64"), "default",
-                           static_capacity(max(map(len, prompts)), max_new, WIDTH))  # fmt: skip
+                           static_capacity(max(map(len, prompts)), max_new, schedule, WIDTH))  # fmt: skip
     end_warmup(static)
     settings = LTRSettings(schedule, WIDTH, max_new, (EOS_ID,), Sampling(0.0, "rejection", None))
     for prompt in prompts:
         a, b = decode_ltr(eager, prompt, settings), decode_ltr(static, prompt, settings)
         assert (b.tokens, b.rows_evaluated) == (a.tokens, a.rows_evaluated)
+        assert max(b.rows_evaluated[1:]) <= largest_call_rows(schedule, WIDTH)
 
 
-@pytest.mark.parametrize("schedule,order", [("packed", "confidence"), ("quadratic", "ltr"), ("native", "ltr")])
+@pytest.mark.parametrize("schedule,order", [("ar", "confidence"), ("linear", "confidence"), ("packed", "confidence"),
+                                            ("quadratic", "confidence"), ("quadratic", "ltr"), ("native", "ltr")])  # fmt: skip
 def test_anyorder_decodes_on_the_static_path_equal_eager_decodes(tmp_path, schedule, order):
     directory = write_random_setdlm(tmp_path / "set", seed=2)
     eager = load_setdlm(directory, dtype="float64")
     width, max_new, prompt = 4, 16, [5, 9, 11, 7, 6]
-    static = enable_static(load_setdlm(directory, dtype="float64"), "default", static_capacity(len(prompt), max_new, width))
+    static = enable_static(load_setdlm(directory, dtype="float64"), "default", static_capacity(len(prompt), max_new, schedule, width))
     end_warmup(static)
     settings = AnyOrderSettings(schedule, width, max_new, (SET_EOS,), Sampling(0.0, "rejection", None), order=order)
     a, b = decode_anyorder(eager, prompt, settings), decode_anyorder(static, prompt, settings)
     assert (b.tokens, b.rows_evaluated) == (a.tokens, a.rows_evaluated)
+    assert max(b.rows_evaluated[1:]) <= largest_call_rows(schedule, width)
     logits = static.run(pack([causal_segment(torch.tensor(prompt), 0)]))
     assert torch.isneginf(logits[:, static.mask_token_id]).all()  # SetDLM's rule holds on this path too
 

@@ -32,7 +32,7 @@ from packedss.decoding.schedules import packed_call, quadratic_call
 from packedss.models.adapter import BackboneAdapter
 from packedss.models.checkpoint import default_dtype, read_config
 from packedss.models.nemotron import backbone_config
-from packedss.models.static import end_warmup, largest_call_rows, static_twin
+from packedss.models.static import end_warmup, static_twin
 
 _ROPE = {"rope_type": "default", "rope_theta": 1_000_000.0, "llama_4_scaling_beta": 0.1,
          "original_max_position_embeddings": 16384}  # fmt: skip
@@ -114,17 +114,16 @@ class Timer:
         return [start.elapsed_time(end) / 1000.0 for start, end in measured]
 
 
-def round_robin(timers: dict[str, Timer], calls: dict, warmup: int, iters: int) -> dict[tuple[str, str], list[float]]:
-    """(timer name, call kind) -> seconds of `iters` calls, timed A B C D A B C D ... after
-    `warmup` untimed rounds, so that a drift of the machine hits every call and timer alike."""
-    measured = {(name, kind): [] for name in timers for kind in calls}
+def round_robin(entries: dict, warmup: int, iters: int) -> dict:
+    """key -> seconds of `iters` calls, for `entries` = {key: (timer, call)} timed A B C D A B C D
+    ... after `warmup` untimed rounds, so that a drift of the machine hits every entry alike."""
+    measured = {key: [] for key in entries}
     for i in range(warmup + iters):
-        for kind, call in calls.items():
-            for name, timer in timers.items():
-                value = timer.one(call)
-                if i >= warmup:
-                    measured[(name, kind)].append(value)
-    return {key: timers[key[0]].seconds(values) for key, values in measured.items()}
+        for key, (timer, call) in entries.items():
+            value = timer.one(call)
+            if i >= warmup:
+                measured[key].append(value)
+    return {key: entries[key][0].seconds(values) for key, values in measured.items()}
 
 
 def iteration_calls(adapter: BackboneAdapter, block: int, position: int, kinds=KINDS) -> dict:
@@ -162,12 +161,12 @@ def _progress(text: str) -> None:
 
 def bench(adapter: BackboneAdapter, blocks: list[int], prefixes: list[int], warmup: int, iters: int) -> list[dict]:
     """Median per-call times of the KINDS at every (C, B)."""
-    timers, results = {"eager": Timer(adapter)}, []
+    timer, results = Timer(adapter), []
     for prefix in prefixes:
         prefill(adapter, prefix)
         for block in blocks:
             calls = iteration_calls(adapter, block, prefix)
-            for (_, kind), times in round_robin(timers, calls, warmup, iters).items():
+            for kind, times in round_robin({kind: (timer, call) for kind, call in calls.items()}, warmup, iters).items():
                 results.append({
                     "prefix": prefix, "block": block, "kind": kind, "rows": calls[kind].rows,
                     "median_ms": 1000 * statistics.median(times), "min_ms": 1000 * min(times),
@@ -181,28 +180,33 @@ def bench(adapter: BackboneAdapter, blocks: list[int], prefixes: list[int], warm
 
 def bench_compiled(adapter: BackboneAdapter, mode: str, blocks: list[int], prefixes: list[int], warmup: int,
                    iters: int) -> tuple[list[dict], dict[str, float]]:  # fmt: skip
-    """Eager calls of `adapter` against the same calls on its static twin compiled with `mode`,
-    timed round-robin in this process. Every shape is compiled first (two untimed calls each at
-    the first prefix), then compilation is closed. Returns the per-call results and the compile
-    seconds per shape."""
-    capacity = max(prefixes) + largest_call_rows(max(blocks) - 1)
-    shapes = {call.rows for block in blocks for call in iteration_calls(adapter, block, 0, COMPILE_KINDS).values()}
-    compiled = static_twin(adapter, mode, capacity, max_graphs=len(shapes))
-    prefill(compiled, prefixes[0])
-    for block in blocks:
-        for call in iteration_calls(compiled, block, prefixes[0], COMPILE_KINDS).values():
-            for _ in range(2):  # the second sighting of a shape compiles it
-                compiled.run(call)
-                compiled.commit(0)
-    compile_s = end_warmup(compiled)
-    timers, results = {"eager": Timer(adapter), "compiled": Timer(compiled)}, []
+    """Eager calls of `adapter` against the same calls on the static path compiled with `mode`,
+    timed round-robin in this process. Each (C, R) gets a static twin of C + R rows, so that the
+    compiled call attends the same C + R columns as the eager one; its shape is compiled first
+    (two untimed calls), then compilation is closed. Returns the per-call results and the
+    compile seconds per shape."""
+    results, compile_s, eager = [], {}, Timer(adapter)
     for prefix in prefixes:
+        calls = {block: iteration_calls(adapter, block, prefix, COMPILE_KINDS) for block in blocks}
+        timers = {}
+        for call in (call for by_kind in calls.values() for call in by_kind.values()):
+            if call.rows in timers:
+                continue
+            twin = static_twin(adapter, mode, prefix + call.rows, max_graphs=1)
+            prefill(twin, prefix)
+            for _ in range(2):  # the second sighting of a shape compiles it
+                twin.run(call)
+                twin.commit(0)
+            compile_s[f"C={prefix}: {call.rows} rows"] = end_warmup(twin)[f"{call.rows} rows"]
+            timers[call.rows] = Timer(twin)
         prefill(adapter, prefix)
-        prefill(compiled, prefix)
-        for block in blocks:
-            calls = iteration_calls(adapter, block, prefix, COMPILE_KINDS)
-            times = round_robin(timers, calls, warmup, iters)
-            for kind, call in calls.items():
+        for block, by_kind in calls.items():
+            entries = {}
+            for kind, call in by_kind.items():
+                entries[("eager", kind)] = (eager, call)
+                entries[("compiled", kind)] = (timers[call.rows], call)
+            times = round_robin(entries, warmup, iters)
+            for kind, call in by_kind.items():
                 eager_ms = 1000 * statistics.median(times[("eager", kind)])
                 compiled_ms = 1000 * statistics.median(times[("compiled", kind)])
                 results.append({"prefix": prefix, "block": block, "kind": kind, "rows": call.rows,
@@ -210,7 +214,7 @@ def bench_compiled(adapter: BackboneAdapter, mode: str, blocks: list[int], prefi
                                 "iters": iters})  # fmt: skip
                 _progress(f"  C={prefix:5d} B={block:3d} {kind:14s} rows={call.rows:5d} eager {eager_ms:8.3f} ms "
                           f"compiled {compiled_ms:8.3f} ms")  # fmt: skip
-    adapter.reset()
+        adapter.reset()
     return results, compile_s
 
 

@@ -288,10 +288,13 @@ def run(s: BenchSettings) -> Report:
     eos = adapter.eos_token_ids + end_of_turn_ids(cfg.model, tokenizer)
     prompts = {q.question_id: question_prompt_ids(task, tokenizer, q, chat) for q in questions}
     width_of = {x: (s.quadratic_width or s.width) if x == "quadratic" else s.width for x in s.schedules}
-    models = {EAGER: adapter}
-    if s.compile != "none":
-        capacity = static_capacity(max(map(len, prompts.values())), max_new, max(width_of.values()))
-        models[f"compiled:{s.compile}"] = static_twin(adapter, s.compile, capacity)
+    regimes = [EAGER] + ([f"compiled:{s.compile}"] if s.compile != "none" else [])
+    # One static twin per schedule: its cache fits that schedule's largest call (one graph per (schedule, W)).
+    longest = max(map(len, prompts.values()))
+    models = {(EAGER, x): adapter for x in s.schedules}
+    for x in s.schedules if s.compile != "none" else ():
+        capacity = static_capacity(longest, max_new, x, width_of[x])
+        models[(regimes[1], x)] = static_twin(adapter, s.compile, capacity)
     family_fields = {"pad_verify": s.pad_verify} if family.name == "nemotron" else {"order": s.order or family.orders[0]}
 
     def settings_for(schedule: str, question):
@@ -303,7 +306,7 @@ def run(s: BenchSettings) -> Report:
                                     timing=s.timing, **family_fields)  # fmt: skip
 
     def decode(regime: str, schedule: str, question):
-        model = models[regime]
+        model = models[(regime, schedule)]
         before = dict(model.static.calls) if model.static is not None else None
         out = family.decode(model, prompts[question.question_id], settings_for(schedule, question), stop_check)
         counts = {k: model.static.calls[k] - before[k] for k in before} if before else {"compiled": 0, "eager": 0}
@@ -312,15 +315,18 @@ def run(s: BenchSettings) -> Report:
     started = time.perf_counter()
     for question in warm:
         for schedule in s.schedules:
-            for regime in models:
+            for regime in regimes:
                 decode(regime, schedule, question)
-    compile_s = {regime: end_warmup(model) for regime, model in models.items() if model.static is not None}
+    compile_s = {}
+    for (regime, schedule), model in models.items():
+        for shape, seconds in end_warmup(model).items():
+            compile_s.setdefault(regime, {})[f"{schedule} {shape}"] = seconds
     rows = []
     for question in timed:
-        outs = {(x, r): [] for x in s.schedules for r in models}
+        outs = {(x, r): [] for x in s.schedules for r in regimes}
         for _ in range(s.repeats):
             for schedule in s.schedules:
-                for regime in models:
+                for regime in regimes:
                     outs[(schedule, regime)].append(decode(regime, schedule, question))
         for (schedule, regime), decoded in outs.items():
             first = decoded[0][0]
@@ -341,7 +347,7 @@ def run(s: BenchSettings) -> Report:
     table = summarize(frame, reference, "linear", s.n_resamples)
     if s.replay:
         table["Decoder us/iter"] = [
-            replay_overhead(family.decode, models[regime],
+            replay_overhead(family.decode, models[(regime, schedule)],
                             [(prompts[q.question_id], settings_for(schedule, q), stop_check) for q in timed])
             for schedule, regime in frame[["schedule", "regime"]].drop_duplicates().itertuples(index=False)
         ]  # fmt: skip
@@ -350,6 +356,6 @@ def run(s: BenchSettings) -> Report:
     header = (f"bench_schedules: model={label} task={s.task} questions={len(timed)} (+{len(warm)} warm-up) "
               f"repeats={s.repeats} T={s.temperature} max_new_tokens={max_new} device={device_name} dtype={dtype} "
               f"threads={torch.get_num_threads()} pad_verify={s.pad_verify} interleaved={','.join(s.schedules)} "
-              f"regimes={','.join(models)} match reference={reference} elapsed={elapsed:.0f}s "
+              f"regimes={','.join(regimes)} match reference={reference} elapsed={elapsed:.0f}s "
               f"torch={torch.__version__} date={time.strftime('%Y-%m-%d')}")  # fmt: skip
     return Report(header, table, rows, compile_s)

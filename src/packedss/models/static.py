@@ -42,16 +42,27 @@ MAX_GRAPHS = 8  # compiled graphs per adapter by default; further shapes run eag
 SIGHTINGS_TO_COMPILE = 2  # a shape seen once (e.g. a rare any-order row count) is not worth a graph
 
 
-def largest_call_rows(width: int) -> int:
-    """Rows of the largest call any schedule of either family makes after prefill at width W:
-    LTR Quadratic-SS's B(B+1) = (W+1)(W+2), which bounds the any-order quadratic's (W+1)^2."""
-    return (width + 1) * (width + 2)
+def largest_call_rows(schedule: str, width: int) -> int:
+    """The most rows one call of `schedule` at width W has, in either family: LTR (B = W + 1) AR 1,
+    Linear-SS B, Packed-SS 2B, Quadratic-SS B(B+1); any-order (u <= W unresolved, p <= 1 resolved
+    rows) AR p + u, Linear-SS 2u (verify), Packed-SS p + 3u, Quadratic-SS p + 2u + u^2, native
+    p + u with p <= W. A prefill attaches at most B rows to the prompt, never more than these."""
+    rows = {
+        "ar": width + 1,
+        "linear": max(width + 1, 2 * width),
+        "packed": max(2 * (width + 1), 3 * width + 1),
+        "quadratic": (width + 1) * (width + 2),
+        "native": 2 * width,
+    }
+    if schedule not in rows:
+        raise PackedSSError(f"no static cache size for schedule {schedule!r}; known: {', '.join(rows)}")
+    return rows[schedule]
 
 
-def static_capacity(longest_prompt: int, max_new_tokens: int, width: int) -> int:
+def static_capacity(longest_prompt: int, max_new_tokens: int, schedule: str, width: int) -> int:
     """Cache rows the static path needs for a job: the longest prompt, the output cap and the
-    largest call (prefill calls attach at most B rows to the prompt, fewer than the largest call)."""
-    return longest_prompt + max_new_tokens + largest_call_rows(width)
+    schedule's largest call (a call starts on at most prompt + max_new_tokens - 1 committed rows)."""
+    return longest_prompt + max_new_tokens + largest_call_rows(schedule, width)
 
 
 class _MaskBuffer:
@@ -144,7 +155,7 @@ class StaticCalls:
             raise PackedSSError(
                 f"the static cache holds {self.capacity} rows, but this call needs {self.committed + rows} "
                 f"({self.committed} committed + {rows}); size it with static_capacity(longest prompt, "
-                "max_new_tokens, width), or use model.compile=none"
+                "max_new_tokens, schedule, width), or use model.compile=none"
             )
         mask = self._masks.get(rows)
         if mask is None:
