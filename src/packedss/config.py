@@ -97,7 +97,7 @@ def validate(cfg) -> None:
         try:
             OmegaConf.to_container(cfg, resolve=True)
         except InterpolationResolutionError as err:
-            cause = err.__cause__
+            cause = err.__cause__ or err.__context__  # a resolver's own error, e.g. serving_width's
             raise PackedSSError(str(cause) if isinstance(cause, PackedSSError) else str(err)) from None
     _choice(cfg.model.family, tuple(FAMILIES), "model.family")
     family = family_named(cfg.model.family)
