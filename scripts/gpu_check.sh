@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The CUDA path in one command (each step has its own limit; 530 s at most in all, expected
-# 4-6 minutes on one H100/H200-class GPU; give the whole command 600 s):
+# The CUDA path in one command (each step has its own limit; 530 s at most in all without the
+# compiled pass, expected 4-6 minutes on one H100/H200-class GPU; the compiled pass adds at most
+# 450 s, expected 3-5 minutes; give the whole command 600 s, or 1000 s with the compiled pass):
 #
-#     bash scripts/gpu_check.sh            # from the repository root
+#     bash scripts/gpu_check.sh                   # from the repository root
+#     COMPILE=none bash scripts/gpu_check.sh      # without the compiled pass (step 5)
 #     PY=/path/to/python OUT=/some/dir bash scripts/gpu_check.sh
 #
 # Needs a Python with a CUDA build of torch, transformers 5.x, numpy, scipy, pandas, omegaconf,
@@ -23,6 +25,11 @@
 #      it compares SDPA with eager attention, as FlexAttention crashes the CPU inductor backend).
 #   4. the schedules side by side on random-weight 3B and 8B shapes (time and overhead only:
 #      random weights make no useful drafts).
+#   5. the compiled pass (COMPILE=reduce-overhead by default: CUDA graphs; default or
+#      max-autotune also work; none skips it): the tiny model's schedules eager and compiled side
+#      by side (float32, W = 8), failing when a timed call ran outside a compiled graph and
+#      reporting how many compiled outputs equal the eager ones; compiled against eager per-call
+#      times for the tiny shape (B = 9) and, informational, the 8B shape at B = 32.
 # Every table goes to stdout and to $OUT (default results/gpu_check), with JSON beside it.
 # DRY=1 runs the same steps on the CPU with toy shapes and few questions (checks the plumbing
 # only; MODEL=DIR points the model steps at another Nemotron-format checkpoint).
@@ -34,10 +41,13 @@ mkdir -p "$OUT"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 FAILED=()
 MODEL=${MODEL:-tiny}
+COMPILE=${COMPILE:-reduce-overhead}
 if [ "${DRY:-0}" = 1 ]; then
   DEVICE=cpu S3B=test S8B=test N=3 NQ=2 PREFIX=16,64 ITERS="--warmup 1 --iters 2" THREADS=1 ATTN=sdpa,eager
+  STINY=test CBLOCK=2
 else
   DEVICE=cuda S3B=nemotron3b S8B=nemotron8b N=30 NQ=4 PREFIX=256,1024 ITERS="--warmup 5 --iters 20" THREADS=0 ATTN=sdpa,flex_attention
+  STINY=tiny CBLOCK=9
 fi
 
 step() {  # step NAME SECONDS CMD...
@@ -92,6 +102,25 @@ step info-attn-8b 60 "$PY" scripts/bench_calls.py --shape $S8B --attn $ATTN --de
 RANDOM_RUN="--model $MODEL --task arith --limit $NQ --width 31 --quadratic-width 7 --schedules linear,quadratic,packed --max-new-tokens 64 --device $DEVICE --dtype bfloat16 --threads $THREADS --no-grade"
 step schedules-3b 50 "$PY" scripts/bench_schedules.py $RANDOM_RUN --shape $S3B --json "$OUT/schedules-3b.json"
 step schedules-8b 60 "$PY" scripts/bench_schedules.py $RANDOM_RUN --shape $S8B --json "$OUT/schedules-8b.json"
+
+if [ "$COMPILE" != none ]; then
+  step compiled-tiny 150 "$PY" scripts/bench_schedules.py $TINY --dtype float32 --compile "$COMPILE" --json "$OUT/compiled-tiny.json"
+  "$PY" - "$OUT" <<'EOF' || FAILED+=("compiled-graph-calls")
+import json, sys
+try:
+    table = json.load(open(f"{sys.argv[1]}/compiled-tiny.json"))["table"]
+except OSError:
+    print("compiled-tiny: no result"); sys.exit(1)
+compiled = [row for row in table if row["Regime"] != "eager"]
+for row in compiled:
+    print(f"{row['Schedule']}: compiled outputs equal to eager {row['= eager (%)']:.0f}%, calls in a compiled graph "
+          f"{row['Graph calls (%)']:.0f}%, tokens/s vs eager {row['Tok/s vs eager']}, non-model {row['Non-model (%)']:.1f}%")
+sys.exit(0 if compiled and all(row["Graph calls (%)"] == 100 for row in compiled) else 1)
+EOF
+  CCALLS="--compile $COMPILE --device $DEVICE --dtype bfloat16 --threads $THREADS --prefix ${PREFIX##*,} $ITERS"
+  step calls-compiled-tiny 120 "$PY" scripts/bench_calls.py --shape $STINY --blocks $CBLOCK $CCALLS --json "$OUT/calls-compiled-tiny.json"
+  step info-calls-compiled-8b 180 "$PY" scripts/bench_calls.py --shape $S8B --blocks 32 $CCALLS --json "$OUT/info-calls-compiled-8b.json"
+fi
 
 if [ ${#FAILED[@]} -gt 0 ]; then echo "gpu_check: FAILED: ${FAILED[*]}"; exit 1; fi
 echo "gpu_check: all steps passed; results in $OUT"
