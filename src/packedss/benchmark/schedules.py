@@ -11,7 +11,8 @@ Columns: Tokens/s, Tokens/NFE, Time/NFE (ms), NFE (mean per response), Model ms/
 time per call after prefill), Model ms/iter, Non-model share of wall (%), Match (% of
 questions whose output equals the reference schedule's in the same regime: AR when it runs,
 else the first), = eager (% of questions whose compiled output equals the same schedule's eager
-output), Graph calls (% of the compiled regime's calls after prefill that ran a compiled graph),
+output), Graph calls (% of the compiled regime's calls after prefill that ran a compiled graph,
+padded ones included),
 Accuracy, the throughput ratio to Linear-SS in the same regime and, for compiled rows, to the
 same schedule's eager run, each with its 95% paired bootstrap CI
 (packedss.analysis.bootstrap.compare: questions paired, BCa), and with `replay` the decoder's
@@ -309,7 +310,7 @@ def run(s: BenchSettings) -> Report:
         model = models[(regime, schedule)]
         before = dict(model.static.calls) if model.static is not None else None
         out = family.decode(model, prompts[question.question_id], settings_for(schedule, question), stop_check)
-        counts = {k: model.static.calls[k] - before[k] for k in before} if before else {"compiled": 0, "eager": 0}
+        counts = {k: model.static.calls[k] - before[k] for k in before} if before else {}
         return out, counts
 
     started = time.perf_counter()
@@ -339,7 +340,8 @@ def run(s: BenchSettings) -> Report:
                 "wall_s": float(np.mean([d.wall_s for d, _ in decoded])),
                 "model_s": float(np.mean([d.model_s for d, _ in decoded])),
                 "prefill_s": float(np.mean([d.call_model_s[0] for d, _ in decoded])),
-                "graph_calls": decoded[0][1]["compiled"], "eager_calls": decoded[0][1]["eager"],
+                "graph_calls": decoded[0][1].get("compiled", 0) + decoded[0][1].get("padded", 0),
+                "eager_calls": decoded[0][1].get("eager", 0),
                 "correct_f": math.nan if correct is None else float(correct),
             })  # fmt: skip
     frame = pd.DataFrame(rows)

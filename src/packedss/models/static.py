@@ -15,9 +15,11 @@ Quadratic-SS B(B+1)), so each can run one compiled graph:
   minimum;
 - the backbone + head forward is compiled with `torch.compile` (static shapes) for a row count
   once it was seen twice while warm-up is open (`end_warmup` closes it), at most `max_graphs`
-  graphs (a call with the proposal LoRA on is its own graph: the LoRA hooks compile with it). Shapes first seen later, or past the bound, run the
-  same forward eagerly on the same buffers (counted in `calls["eager"]`), so no compilation ever
-  happens inside a timed decode;
+  graphs (a call with the proposal LoRA on is its own graph: the LoRA hooks compile with it), so
+  no compilation ever happens inside a timed decode. Any other call (a shape first seen later,
+  or past the bound; the any-order schedules' row counts vary) runs on the smallest compiled
+  graph with more rows, padded with rows nobody sees (`calls["padded"]`), or, when there is
+  none or the proposal LoRA is on, eagerly on the same cache and masks (`calls["eager"]`);
 - prefill (the call on an empty cache) always runs eagerly: its length varies with the prompt.
 
 `reduce-overhead` (CUDA graphs) needs a GPU; on a CPU it runs as `default`, with a logged note.
@@ -135,7 +137,7 @@ class StaticCalls:
         self._graphs: set[tuple[int, bool]] = set()
         self.compiling = True  # new shapes may be compiled (the untimed warm-up); see end_warmup
         self.compile_s: dict[str, float] = {}  # "R rows" (+ " lora") -> seconds of its first compiled call
-        self.calls = {"compiled": 0, "eager": 0, "prefill": 0}
+        self.calls = {"compiled": 0, "padded": 0, "eager": 0, "prefill": 0}
         # Every graph of every instance is a cache entry of the one `_forward` code object, which
         # dynamo bounds by recompile_limit (past it, it would silently run eagerly): make room.
         torch._dynamo.config.recompile_limit += max_graphs
@@ -164,28 +166,54 @@ class StaticCalls:
                 f"({self.committed} committed + {rows}); size it with static_capacity(longest prompt, "
                 "max_new_tokens, schedule, width), or use model.compile=none"
             )
-        mask = self._masks.get(rows)
-        if mask is None:
-            mask = self._masks[rows] = _MaskBuffer(rows, self.capacity, self.dtype, self.device)
-        values = mask.fill(self.committed, bias)
         tokens, positions = call.tokens[None], call.positions[None]
         key = (rows, lora)
         if self.committed == 0:
             self.calls["prefill"] += 1
-            return self._forward(tokens, positions, values)
+            return self._forward(tokens, positions, self._mask(rows, bias))
         if key in self._graphs:
             self.calls["compiled"] += 1
-            return self._run_compiled(tokens, positions, values)
+            return self._run_compiled(tokens, positions, self._mask(rows, bias))
         if self._admit(key):
             started = time.perf_counter()
-            logits = self._run_compiled(tokens, positions, values)
+            logits = self._run_compiled(tokens, positions, self._mask(rows, bias))
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             self.compile_s[f"{rows} rows" + (" lora" if lora else "")] = time.perf_counter() - started
             self.calls["compiled"] += 1
             return logits
+        padded = self._padded_rows(rows, lora)
+        if padded is not None:
+            self.calls["padded"] += 1
+            return self._run_padded(call, bias, padded)
         self.calls["eager"] += 1
-        return self._forward(tokens, positions, values)
+        return self._forward(tokens, positions, self._mask(rows, bias))
+
+    def _mask(self, rows: int, bias: torch.Tensor) -> torch.Tensor:
+        mask = self._masks.get(rows)
+        if mask is None:
+            mask = self._masks[rows] = _MaskBuffer(rows, self.capacity, self.dtype, self.device)
+        return mask.fill(self.committed, bias)
+
+    def _padded_rows(self, rows: int, lora: bool) -> int | None:
+        """The smallest compiled row count above `rows` that fits the cache (None: none does).
+        Calls with the proposal LoRA on are not padded: its row selection has the call's rows."""
+        if lora:
+            return None
+        larger = [r for r, with_lora in self._graphs if not with_lora and rows < r <= self.capacity - self.committed]
+        return min(larger, default=None)
+
+    def _run_padded(self, call: Call, bias: torch.Tensor, rows: int) -> torch.Tensor:
+        """Run `call` on the graph of `rows` rows: the extra rows repeat its last token and position
+        and see only themselves; no row of the call sees them, they are never committed, and their
+        logits are dropped."""
+        extra = rows - call.rows
+        tokens = torch.cat([call.tokens, call.tokens[-1:].expand(extra)])
+        positions = torch.cat([call.positions, call.positions[-1:].expand(extra)])
+        rule = torch.full((rows, rows), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
+        rule[: call.rows, : call.rows] = bias
+        rule.diagonal()[call.rows :] = 0
+        return self._run_compiled(tokens[None], positions[None], self._mask(rows, rule))[: call.rows]
 
     def _run_compiled(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         if self.mode == "reduce-overhead":
