@@ -16,10 +16,10 @@ from packedss.decoding.verify import VERIFY_RULES
 from packedss.errors import PackedSSError
 from packedss.families import FAMILIES, family_named
 from packedss.models.checkpoint import DTYPES
+from packedss.models.static import COMPILE_MODES
 from packedss.tasks import TaskConfig
 
 DEVICES = ("auto", "cpu", "cuda")
-COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 
 
 @dataclass
@@ -119,6 +119,10 @@ def validate(cfg) -> None:
     _choice(cfg.dtype, ("auto", *DTYPES), "dtype")
     _choice(cfg.timing, TIMINGS, "timing")
     _choice(cfg.model.compile, COMPILE_MODES, "model.compile")
+    if cfg.model.compile != "none" and not cfg.warmup:
+        raise PackedSSError(
+            f"model.compile={cfg.model.compile} needs warmup=true: call shapes are compiled in the untimed warm-up"
+        )
     if cfg.samples < 1:
         raise PackedSSError(f"invalid samples={cfg.samples}; must be >= 1")
     if cfg.samples > 1 and cfg.temperature == 0:

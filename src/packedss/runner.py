@@ -25,6 +25,7 @@ from packedss.decoding.verify import question_seed
 from packedss.families import family_named
 from packedss.models import load_model, resolve_path, select_checkpoint
 from packedss.models.checkpoint import read_config
+from packedss.models.static import end_warmup, enable_static, static_capacity
 from packedss.paths import PROJECT_ROOT
 from packedss.preemption import SignalGuard
 from packedss.records import RecordWriter, config_hash, output_hash, record_path
@@ -96,6 +97,7 @@ def run_job(cfg) -> JobResult:
         "chat": bool(cfg.model.chat),
         "eos_token_ids": list(eos_token_ids),
         "lora": bool(cfg.model.lora),
+        "compile": cfg.model.compile,
         "task": task_config,
         "schedule": cfg.schedule.name,
         "pad_verify": bool(cfg.schedule.pad_verify),
@@ -135,6 +137,7 @@ def run_job(cfg) -> JobResult:
         "lora": bool(cfg.model.lora),
         "lossy": cfg.schedule.name in family.lossy_schedules,
         "timing": cfg.timing,
+        "compile": cfg.model.compile,
         "max_new_tokens": max_new_tokens,
     }
     settings_fields = {**family.settings_fields(cfg), **({"order": order} if order else {})}
@@ -162,10 +165,15 @@ def run_job(cfg) -> JobResult:
     def prompt_ids(question) -> list[int]:
         return question_prompt_ids(task, tokenizer, question, cfg.model.chat)
 
+    if cfg.model.compile != "none":
+        longest_prompt = max(len(prompt_ids(q)) for q in questions)
+        decode_width = settings_fields.get("width", cfg.width)
+        capacity = static_capacity(longest_prompt, max_new_tokens, cfg.schedule.name, decode_width)
+        enable_static(model, cfg.model.compile, capacity)
     stop_check = make_stop_check(tokenizer, stops)
     variant = ("-nopad" if cfg.schedule.name == "packed" and not cfg.schedule.pad_verify else "") + (
         "-lora" if cfg.model.lora else ""
-    )
+    ) + (f"-compiled-{cfg.model.compile}" if cfg.model.compile != "none" else "")
     path = record_path(cfg.out_dir, cfg.model.name, task.name, cfg.schedule.name + variant, cfg.width,
                        cfg.temperature, verify, order, cfg.seed)  # fmt: skip
     existed = path.exists()
@@ -176,6 +184,11 @@ def run_job(cfg) -> JobResult:
         if pending and cfg.warmup:
             first = pending[0][0]
             decode_question(first.question_id, 0, prompt_ids(first))
+            compile_s = end_warmup(model)  # compiled shapes are fixed from here on; none compiles while timed
+            if compile_s:
+                static["compile_s"] = compile_s
+                shapes = ", ".join(f"{shape}: {seconds:.1f} s" for shape, seconds in compile_s.items())
+                print(f"compiled {len(compile_s)} call shapes in the warm-up ({shapes})", file=sys.stderr)
         written = 0
         tokens_total = wall_total = 0.0
         accepted_total = iterations_total = 0

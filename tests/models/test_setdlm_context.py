@@ -36,7 +36,7 @@ def _plain_ar_with_left_crop(model, prompt: list[int], new_tokens: int, context:
         mask = torch.zeros(rows, cached + rows, dtype=model.dtype)
         mask[:, cached:] = torch.zeros(rows, rows, dtype=model.dtype).masked_fill(~attend, minimum)
         hidden = backbone(input_ids=torch.tensor([tokens]), position_ids=torch.tensor([positions]),
-                          attention_mask=mask[None, None], past_key_values=cache, use_cache=True).last_hidden_state
+                          attention_mask=mask[None, None], cache=cache, use_cache=True).last_hidden_state
         logits = head(hidden[0])
         logits[:, SET_MASK] = float("-inf")
         cache.crop(-1)  # the mask row is never committed
