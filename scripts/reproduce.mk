@@ -9,6 +9,7 @@
 #   make reproduce-table10 MODEL=tiny-set LIMIT=10
 #   make reproduce-all ANALYSIS_FLAGS=--compare-paper
 #   make reproduce-table8 OVERRIDES=+paths=local   # more overrides for every job (here: checkpoints)
+#   make reproduce-table7 MODEL=tiny LIMIT=5 SAMPLES=3  # K samples per question in the T = 1 presets
 #
 # MODEL=tiny runs the any-order presets (tables 8-10) on tiny-set. Outputs: results/FOLDER/records
 # (JSONL), results/tableN/tables (CSV, Markdown, LaTeX), results/figureN/figures (PNG, PDF, CSV).
@@ -17,6 +18,7 @@
 PY ?= .venv/bin/python
 MODEL ?=
 LIMIT ?=
+SAMPLES ?=
 OVERRIDES ?=
 RESULTS ?= results
 ANALYSIS_FLAGS ?=
@@ -24,6 +26,8 @@ ANALYSIS_FLAGS ?=
 REPRO_TABLES := 2 3 4 5 6 7 8 9 10 11 12 13
 REPRO_FIGURES := 3 4 5
 ANYORDER_PRESETS := table8 table9 table10
+# The temperature-1 presets: SAMPLES=K replaces their samples per question (greedy ones have one).
+SAMPLED_PRESETS := table7 figure4
 
 # The presets behind each target. Tables 11-13 and the figures are computed from the runs of
 # other tables; Figures 3 and 4 add their WritingBench runs (speed only).
@@ -64,7 +68,8 @@ NO_MBPP_PLUS := $(if $(and $(OFFLINE),$(strip $(DATA_DIR))),$(if $(wildcard $(ad
 # Empty MODEL / LIMIT are not passed, so the presets' own models and question sets apply.
 repro_model = $(strip $(if $(filter $(1),$(ANYORDER_PRESETS)),$(if $(filter tiny,$(MODEL)),tiny-set,$(MODEL)),$(MODEL)))
 repro_overrides = $(if $(call repro_model,$(1)),model=$(call repro_model,$(1))) $(if $(strip $(LIMIT)),limit=$(strip $(LIMIT))) \
-	$(if $(strip $(DATA_DIR)),data_dir=$(abspath $(DATA_DIR))) $(if $(NO_MBPP_PLUS),task.variant=original)
+	$(if $(strip $(DATA_DIR)),data_dir=$(abspath $(DATA_DIR))) $(if $(NO_MBPP_PLUS),task.variant=original) \
+	$(if $(and $(strip $(SAMPLES)),$(filter $(1),$(SAMPLED_PRESETS))),samples=$(strip $(SAMPLES)))
 # One preset's sweep: its overrides on the command line of run.py -m (and of the plan).
 preset_sweep = $(strip +experiment=$(1) $(call repro_overrides,$(1)) $(OVERRIDES) out_dir=$(RESULTS)/$(call folder_of,$(1))/records)
 # Several presets' sweeps for the plan, separated by --and.
