@@ -12,7 +12,7 @@ Quadratic-SS B(B+1)), so each can run one compiled graph:
 - the attention mask is a fixed-width additive buffer per row count, (1, 1, R, capacity),
   updated in place: columns below the committed length are 0, the call's own columns hold its
   (R, R) rule, every other column (cache slots past the committed length) holds the dtype's
-  minimum;
+  minimum; the call's token and position ids are copied into buffers of the shape as well;
 - the backbone + head forward is compiled with `torch.compile` (static shapes) for a row count
   once it was seen twice while warm-up is open (`end_warmup` closes it), at most `max_graphs`
   graphs (a call with the proposal LoRA on is its own graph: the LoRA hooks compile with it), so
@@ -68,23 +68,31 @@ def static_capacity(longest_prompt: int, max_new_tokens: int, schedule: str, wid
     return longest_prompt + max_new_tokens + largest_call_rows(schedule, width)
 
 
-class _MaskBuffer:
-    """The (1, 1, R, capacity) additive mask of one row count, updated in place.
+class _Inputs:
+    """The inputs of the calls of one row count R, written in place: token ids and position ids
+    (1, R), and the additive mask (1, 1, R, capacity). Persistent tensors keep every call of the
+    shape on its one graph (CUDA graphs read them in place).
 
-    Invariant between calls: columns < `zeros` are 0, columns in [zeros, dirty) may hold an old
-    call's rule, columns >= dirty hold the minimum."""
+    Mask invariant between calls: columns < `zeros` are 0, columns in [zeros, dirty) may hold an
+    old call's rule, columns >= dirty hold the minimum."""
 
     def __init__(self, rows: int, capacity: int, dtype: torch.dtype, device: torch.device):
         self.rows = rows
         self.minimum = torch.finfo(dtype).min
-        self.values = torch.full((1, 1, rows, capacity), self.minimum, dtype=dtype, device=device)
-        self.grid = self.values[0, 0]
+        self.tokens = torch.zeros((1, rows), dtype=torch.long, device=device)
+        self.positions = torch.zeros((1, rows), dtype=torch.long, device=device)
+        self.mask = torch.full((1, 1, rows, capacity), self.minimum, dtype=dtype, device=device)
+        self.grid = self.mask[0, 0]
         self.zeros = 0
         self.dirty = 0
-        torch._dynamo.mark_static_address(self.values)  # CUDA graphs read it in place
+        for tensor in (self.tokens, self.positions, self.mask):
+            torch._dynamo.mark_static_address(tensor)
 
-    def fill(self, committed: int, bias: torch.Tensor) -> torch.Tensor:
-        """The mask of a call on `committed` cache rows whose own rule is `bias` (R, R)."""
+    def fill(self, committed: int, tokens: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor) -> tuple:
+        """The inputs of a call of these tokens and positions on `committed` cache rows, whose own
+        rule is `bias` (R, R)."""
+        self.tokens[0].copy_(tokens)
+        self.positions[0].copy_(positions)
         if committed < self.zeros:  # the cache was reset or shrank: mask what is no longer committed
             self.grid[:, committed : self.dirty].fill_(self.minimum)
             self.zeros = self.dirty = committed
@@ -95,7 +103,7 @@ class _MaskBuffer:
         if self.dirty > end:
             self.grid[:, end : self.dirty].fill_(self.minimum)
         self.zeros, self.dirty = committed, end
-        return self.values
+        return self.tokens, self.positions, self.mask
 
 
 class StaticCalls:
@@ -132,7 +140,7 @@ class StaticCalls:
         self._start = torch.zeros((), dtype=torch.long, device=self.device)
         torch._dynamo.mark_static_address(self._start)
         self.committed = 0
-        self._masks: dict[int, _MaskBuffer] = {}
+        self._shapes: dict[int, _Inputs] = {}
         self._sightings: dict[tuple[int, bool], int] = {}
         self._graphs: set[tuple[int, bool]] = set()
         self.compiling = True  # new shapes may be compiled (the untimed warm-up); see end_warmup
@@ -166,17 +174,18 @@ class StaticCalls:
                 f"({self.committed} committed + {rows}); size it with static_capacity(longest prompt, "
                 "max_new_tokens, schedule, width), or use model.compile=none"
             )
-        tokens, positions = call.tokens[None], call.positions[None]
         key = (rows, lora)
         if self.committed == 0:
             self.calls["prefill"] += 1
-            return self._forward(tokens, positions, self._mask(rows, bias))
+            mask = torch.full((1, 1, rows, self.capacity), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
+            mask[0, 0, :, :rows] = bias
+            return self._forward(call.tokens[None], call.positions[None], mask)
         if key in self._graphs:
             self.calls["compiled"] += 1
-            return self._run_compiled(tokens, positions, self._mask(rows, bias))
+            return self._run_compiled(self._inputs(call.tokens, call.positions, bias))
         if self._admit(key):
             started = time.perf_counter()
-            logits = self._run_compiled(tokens, positions, self._mask(rows, bias))
+            logits = self._run_compiled(self._inputs(call.tokens, call.positions, bias))
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             self.compile_s[f"{rows} rows" + (" lora" if lora else "")] = time.perf_counter() - started
@@ -187,13 +196,14 @@ class StaticCalls:
             self.calls["padded"] += 1
             return self._run_padded(call, bias, padded)
         self.calls["eager"] += 1
-        return self._forward(tokens, positions, self._mask(rows, bias))
+        return self._forward(*self._inputs(call.tokens, call.positions, bias))
 
-    def _mask(self, rows: int, bias: torch.Tensor) -> torch.Tensor:
-        mask = self._masks.get(rows)
-        if mask is None:
-            mask = self._masks[rows] = _MaskBuffer(rows, self.capacity, self.dtype, self.device)
-        return mask.fill(self.committed, bias)
+    def _inputs(self, tokens: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor) -> tuple:
+        rows = tokens.shape[0]
+        inputs = self._shapes.get(rows)
+        if inputs is None:
+            inputs = self._shapes[rows] = _Inputs(rows, self.capacity, self.dtype, self.device)
+        return inputs.fill(self.committed, tokens, positions, bias)
 
     def _padded_rows(self, rows: int, lora: bool) -> int | None:
         """The smallest compiled row count above `rows` that fits the cache (None: none does).
@@ -213,14 +223,14 @@ class StaticCalls:
         rule = torch.full((rows, rows), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
         rule[: call.rows, : call.rows] = bias
         rule.diagonal()[call.rows :] = 0
-        return self._run_compiled(tokens[None], positions[None], self._mask(rows, rule))[: call.rows]
+        return self._run_compiled(self._inputs(tokens, positions, rule))[: call.rows]
 
-    def _run_compiled(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _run_compiled(self, inputs: tuple) -> torch.Tensor:
         if self.mode == "reduce-overhead":
             # A CUDA graph's outputs are overwritten by its next replay: hand out a copy.
             torch.compiler.cudagraph_mark_step_begin()
-            return self._compiled(tokens, positions, mask).clone()
-        return self._compiled(tokens, positions, mask)
+            return self._compiled(*inputs).clone()
+        return self._compiled(*inputs)
 
     def _admit(self, key: tuple[int, bool]) -> bool:
         """Whether to compile `key`'s graph now: the warm-up is open, the shape was seen before
@@ -245,8 +255,12 @@ class StaticCalls:
         self._start.zero_()
 
     def end_warmup(self) -> dict[str, float]:
-        """Close compilation (later new shapes run eagerly); the compile seconds per shape."""
-        self.compiling = False
+        """Close compilation: from now on the graphs compiled so far run, and a call that matches
+        none of them (a new shape, or one that would fail their guards) runs eagerly instead of
+        compiling. Returns the compile seconds per shape."""
+        if self.compiling:
+            self.compiling = False
+            self._compiled = torch._dynamo.run(self._compiled)
         return dict(self.compile_s)
 
 
