@@ -16,7 +16,7 @@ from packedss.errors import PackedSSError
 from packedss.models.lora import ProposalLoRA
 from packedss.models.nemotron import load_nemotron
 from packedss.models.setdlm import load_setdlm
-from packedss.models.static import end_warmup, enable_static, largest_call_rows, static_capacity
+from packedss.models.static import end_warmup, enable_static, largest_call_rows, static_capacity, static_twin
 from tests.anyorder_fixtures import SET_EOS, write_random_setdlm
 from tests.conftest import EOS_ID, MASK_ID, TINY_VOCAB, write_random_nemotron
 
@@ -99,9 +99,11 @@ def test_anyorder_decodes_on_the_static_path_equal_eager_decodes(tmp_path, sched
     directory = write_random_setdlm(tmp_path / "set", seed=2)
     eager = load_setdlm(directory, dtype="float64")
     width, max_new, prompt = 4, 16, [5, 9, 11, 7, 6]
-    static = enable_static(load_setdlm(directory, dtype="float64"), "default", static_capacity(len(prompt), max_new, schedule, width))
+    capacity = static_capacity(len(prompt), max_new, schedule, width)
+    static = enable_static(load_setdlm(directory, dtype="float64"), "default", capacity)
     end_warmup(static)
-    settings = AnyOrderSettings(schedule, width, max_new, (SET_EOS,), Sampling(0.0, "rejection", None), order=order)
+    settings = AnyOrderSettings(schedule, width, max_new, (SET_EOS,), Sampling(0.0, "rejection", None),
+                                order=order)  # fmt: skip
     a, b = decode_anyorder(eager, prompt, settings), decode_anyorder(static, prompt, settings)
     assert (b.tokens, b.rows_evaluated) == (a.tokens, a.rows_evaluated)
     assert max(b.rows_evaluated[1:]) <= largest_call_rows(schedule, width)
@@ -134,16 +136,13 @@ def test_compiled_shapes_equal_the_eager_path_with_the_proposal_lora(checkpoint)
     """One compiled graph per (rows, LoRA on/off): a draft block (LoRA on its rows) and a verify
     call of the same B rows, each compiled at its second sighting during the warm-up."""
     eager = load_nemotron(checkpoint, dtype="float64")
-    static = enable_static(load_nemotron(checkpoint, dtype="float64"), "default", 64)
     lora = ProposalLoRA.create(eager.backbone, rank=2, alpha=4.0, seed=1)
     with torch.no_grad():
-        for b in lora.lora_B.values():
+        for b in lora.lora_B.values():  # a trained adapter: B != 0
             b.normal_(0.0, 0.5, generator=torch.Generator().manual_seed(2))
-    pairs = {name: (lora.lora_A[name.replace(".", "__")], lora.lora_B[name.replace(".", "__")], lora.scales[name.replace(".", "__")])
-             for name in lora.module_names}  # fmt: skip
-    lora.detach()
-    for model in (eager, static):
-        model.proposal_lora = ProposalLoRA(model.backbone, pairs, lora.config)
+    eager.proposal_lora = lora
+    static = static_twin(eager, "default", 64)  # the same weights and LoRA, the static path
+    assert static.proposal_lora is lora and eager.static is None
     generator = torch.Generator().manual_seed(4)
     assert _both(eager, static, pack([causal_segment(_tokens(generator, 6), 0)]), 6) < 1e-9
     position = 6
