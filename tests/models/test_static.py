@@ -173,3 +173,19 @@ def test_compiled_shapes_equal_the_eager_path_with_the_proposal_lora(checkpoint)
         assert _both(eager, static, call, 1) < 1e-5
         assert static.static.calls[path] == before + 1
     assert static.static.compile_s == compiled
+
+
+def test_a_failing_compile_is_one_clear_error(checkpoint):
+    model = enable_static(load_nemotron(checkpoint, dtype="float64"), "default", 32)
+
+    def no_compiler(*inputs):
+        raise RuntimeError("InvalidCxxCompiler: No working C++ compiler found in torch._inductor.config.cpp.cxx")
+
+    model.static._compiled = no_compiler
+    model.run(pack([causal_segment(torch.tensor([4, 5, 6]), 0)]))
+    model.commit(3)
+    call = pack([causal_segment(torch.tensor([7]), 3)])
+    model.run(call)  # first sighting: eager
+    model.commit(0)
+    with pytest.raises(PackedSSError, match=r"torch.compile failed on the 1-row call \(RuntimeError: InvalidCxx.*g\+\+"):
+        model.run(call)

@@ -185,7 +185,14 @@ class StaticCalls:
             return self._run_compiled(self._inputs(call.tokens, call.positions, bias))
         if self._admit(key):
             started = time.perf_counter()
-            logits = self._run_compiled(self._inputs(call.tokens, call.positions, bias))
+            try:
+                logits = self._run_compiled(self._inputs(call.tokens, call.positions, bias))
+            except Exception as err:  # inductor and dynamo fail in many types
+                raise PackedSSError(
+                    f"model.compile={self.mode}: torch.compile failed on the {rows}-row call ({type(err).__name__}: "
+                    f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}); on a CPU it needs a working C++ "
+                    "compiler (e.g. apt-get install g++); model.compile=none runs the eager path"
+                ) from err
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             self.compile_s[f"{rows} rows" + (" lora" if lora else "")] = time.perf_counter() - started
