@@ -27,11 +27,11 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # see scripts/train_tiny.py
 
 import torch  # noqa: E402
 
+from packedss.paths import PROJECT_ROOT  # noqa: E402
 from packedss.decoding import LTRSettings, Sampling, decode_ltr  # noqa: E402
 from packedss.models.nemotron import load_nemotron  # noqa: E402
 from packedss.tasks.stops import make_stop_check, output_text  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- eval_tiny:begin -->", "<!-- eval_tiny:end -->"
 
 
@@ -163,7 +163,7 @@ def write_card(path: Path, block: str) -> None:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--model", default=str(REPO / "assets/models/tiny"))
+    ap.add_argument("--model", default=str(PROJECT_ROOT / "assets/models/tiny"))
     ap.add_argument("--lora", default=None, help="PEFT proposal LoRA directory (e.g. assets/models/tiny-lora)")
     ap.add_argument("--n", type=int, default=100, help="arith test questions")
     ap.add_argument("--seed", type=int, default=0, help="arith generator seed")

@@ -32,9 +32,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
+from packedss.paths import PROJECT_ROOT  # noqa: E402
 from packedss.training import TrainConfig, train_nemotron, train_proposal_lora, train_setdlm  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
 DEFAULT_STEPS = {"nemotron": 3800, "setdlm": 2800}
 DEFAULTS = TrainConfig()
 
@@ -58,7 +58,7 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--init-from", default=None, help="continue training this checkpoint instead of a fresh model")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
-        "--data-dir", default=os.environ.get("PACKEDSS_DATA_DIR", str(REPO.parent / "shared" / "data")),
+        "--data-dir", default=os.environ.get("PACKEDSS_DATA_DIR", str(PROJECT_ROOT.parent / "shared" / "data")),
         help="directory with gsm8k_train.jsonl (left out when the directory is absent)",
     )  # fmt: skip
     ap.add_argument("--steps", type=int, default=None, help="default 3800 (nemotron), 2800 (setdlm)")
@@ -106,7 +106,7 @@ def parser() -> argparse.ArgumentParser:
 
 def shown(path: Path) -> str:
     """A path as the training record names it: relative to the repository when inside it."""
-    return str(path.relative_to(REPO)) if path.is_relative_to(REPO) else str(path)
+    return str(path.relative_to(PROJECT_ROOT)) if path.is_relative_to(PROJECT_ROOT) else str(path)
 
 
 def main(argv=None) -> None:
@@ -120,12 +120,12 @@ def main(argv=None) -> None:
     torch.set_num_threads(args.threads)
     torch.use_deterministic_algorithms(True, warn_only=True)
     if args.lora:
-        base = Path(args.base or REPO / "assets/models/tiny")
-        train_proposal_lora(config, base, Path(args.out or REPO / "assets/models/tiny-lora"), shown(base))
+        base = Path(args.base or PROJECT_ROOT / "assets/models/tiny")
+        train_proposal_lora(config, base, Path(args.out or PROJECT_ROOT / "assets/models/tiny-lora"), shown(base))
     elif args.family == "setdlm":
-        train_setdlm(config, Path(args.out or REPO / "assets/models/tiny-set"))
+        train_setdlm(config, Path(args.out or PROJECT_ROOT / "assets/models/tiny-set"))
     else:
-        train_nemotron(config, Path(args.out or REPO / "assets/models/tiny"), args.init_from)
+        train_nemotron(config, Path(args.out or PROJECT_ROOT / "assets/models/tiny"), args.init_from)
 
 
 if __name__ == "__main__":

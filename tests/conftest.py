@@ -10,6 +10,7 @@ from torch import nn
 from transformers import Ministral3Config, Ministral3Model
 
 from packedss.models.nemotron import load_nemotron, save_nemotron
+from packedss.paths import PROJECT_ROOT
 
 # Tiny models and toy calls are dominated by per-op overhead; extra intra-op threads only
 # oversubscribe the cores (measured: 25x slower sampling tests with the default thread count).
@@ -97,3 +98,16 @@ def write_random_nemotron_with_tokenizer(path: Path, seed: int = 0) -> Path:
         head.weight.mul_(8.0)
     save_nemotron(path, backbone, head, {"mask_token_id": 3, "block_size": 32})
     return path
+
+
+SHIPPED_TINY = PROJECT_ROOT / "assets" / "models" / "tiny" / "config.json"
+
+
+@pytest.fixture(scope="module")
+def model_overrides(tmp_path_factory) -> list[str]:
+    """Overrides for the tiny model: the shipped one when it is present, else a random checkpoint
+    in the same format."""
+    if SHIPPED_TINY.is_file():
+        return ["model=tiny"]
+    path = write_random_nemotron_with_tokenizer(tmp_path_factory.mktemp("random-tiny"))
+    return ["model=tiny", f"model.path={path}"]

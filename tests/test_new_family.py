@@ -13,7 +13,6 @@ from packedss.decoding import LTRSettings, decode_ltr
 from packedss.families import FAMILIES, Family, register_family
 from packedss.paths import PROJECT_ROOT
 from packedss.records import read_records
-from tests.test_runner import model_overrides  # noqa: F401 (fixture: the tiny checkpoint)
 
 
 def _load_tiny_layout(path, device, dtype):
@@ -42,7 +41,7 @@ def toy_family():
     del FAMILIES[family.name]
 
 
-def test_a_registered_family_runs_through_run_py_and_analyses(toy_family, model_overrides, tmp_path, monkeypatch):  # noqa: F811
+def test_a_registered_family_runs_through_run_py_and_analyses(toy_family, model_overrides, tmp_path, monkeypatch):
     out = tmp_path / "results" / "records"
     GlobalHydra.instance().clear()
     monkeypatch.setattr(sys, "argv", ["run.py", *model_overrides, "model.family=toy", "model.name=toy", "schedule=ar",
@@ -62,7 +61,7 @@ def test_a_registered_family_runs_through_run_py_and_analyses(toy_family, model_
     assert "toy" in summary
 
 
-def test_an_unregistered_family_is_refused_with_the_known_ones(model_overrides, tmp_path, monkeypatch):  # noqa: F811
+def test_an_unregistered_family_is_refused_with_the_known_ones(model_overrides, tmp_path, monkeypatch):
     from packedss.config import validate
     from packedss.errors import PackedSSError
     from tests.test_fidelity import _compose

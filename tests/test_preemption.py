@@ -10,10 +10,10 @@ import time
 
 from packedss.paths import PROJECT_ROOT
 from packedss.records import read_records
-from tests.test_runner import model_overrides, offline_env, run_py  # noqa: F401 (fixture)
+from tests.test_runner import offline_env, run_py
 
 
-def test_sigterm_mid_run_then_rerun_gives_one_record_per_question(model_overrides, tmp_path):  # noqa: F811
+def test_sigterm_mid_run_then_rerun_gives_one_record_per_question(model_overrides, tmp_path):
     questions = 12
     args = [*model_overrides, "schedule=linear", "width=4", f"limit={questions}", "max_new_tokens=96",
             "warmup=false", f"out_dir={tmp_path / 'out'}"]  # fmt: skip

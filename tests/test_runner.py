@@ -17,21 +17,8 @@ from packedss.paths import CONF_DIR, PROJECT_ROOT
 from packedss.errors import PackedSSError
 from packedss.records import RECORD_FIELDS, read_records
 from packedss.runner import run_job
-from tests.conftest import write_random_nemotron_with_tokenizer
 
 TIMING_FIELDS = {"wall_s", "model_s", "nonmodel_s", "call_model_s", "code_version"}
-SHIPPED_TINY = PROJECT_ROOT / "assets" / "models" / "tiny" / "config.json"
-
-
-@pytest.fixture(scope="module")
-def model_overrides(tmp_path_factory) -> list[str]:
-    """The shipped tiny model when it is present, else a random checkpoint in the same format."""
-    if SHIPPED_TINY.is_file():
-        return ["model=tiny"]
-    path = write_random_nemotron_with_tokenizer(tmp_path_factory.mktemp("random-tiny"))
-    return ["model=tiny", f"model.path={path}"]
-
-
 def offline_env(tmp_path: Path) -> dict:
     env = dict(os.environ)
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"), PYTHONUNBUFFERED="1")

@@ -9,10 +9,9 @@ from packedss.errors import PackedSSError
 from packedss.records import read_records
 from packedss.runner import run_job
 from tests.test_fidelity import _compose
-from tests.test_runner import model_overrides  # noqa: F401 (fixture)
 
 
-def test_compiled_run_equals_the_eager_run(model_overrides, tmp_path):  # noqa: F811
+def test_compiled_run_equals_the_eager_run(model_overrides, tmp_path):
     common = [*model_overrides, "schedule=packed", "width=4", "limit=2", "max_new_tokens=24", f"out_dir={tmp_path}"]
     eager = run_job(_compose(common))
     compiled = run_job(_compose([*common, "model.compile=default"]))
@@ -26,7 +25,7 @@ def test_compiled_run_equals_the_eager_run(model_overrides, tmp_path):  # noqa: 
     assert all(r["compile_s"] and all(s > 0 for s in r["compile_s"].values()) for r in compiled_records)
 
 
-def test_compile_without_a_warmup_is_refused(model_overrides, tmp_path):  # noqa: F811
+def test_compile_without_a_warmup_is_refused(model_overrides, tmp_path):
     cfg = _compose([*model_overrides, "model.compile=default", "warmup=false", f"out_dir={tmp_path}"])
     with pytest.raises(PackedSSError, match="needs warmup=true"):
         run_job(cfg)
