@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Callable
 
 import torch
 from torch import nn
+from torch._inductor.compile_fx import compile_fx
 from transformers import PreTrainedModel, StaticCache
 
 from packedss.decoding.calls import Call
@@ -149,13 +151,29 @@ class StaticCalls:
         # Every graph of every instance is a cache entry of the one `_forward` code object, which
         # dynamo bounds by recompile_limit (past it, it would silently run eagerly): make room.
         torch._dynamo.config.recompile_limit += max_graphs
+        self._options = torch._inductor.list_mode_options(mode)
         if self.device.type == "cpu":
             # On a CPU the generated C++ wrapper launches the kernels without Python: about 0.08 ms
             # less per call on the tiny model (0.31 against 0.39 ms for one row, measured).
-            options = {**torch._inductor.list_mode_options(mode), "cpp_wrapper": True}
-            self._compiled = torch.compile(self._forward, dynamic=False, fullgraph=True, options=options)
-        else:
-            self._compiled = torch.compile(self._forward, mode=mode, dynamic=False, fullgraph=True)
+            self._options["cpp_wrapper"] = True
+        self._compiled = torch.compile(self._forward, backend=self._inductor, dynamic=False, fullgraph=True)
+        # (rows, lora) -> the compiled graph and the tensors it reads, called without dynamo (see
+        # _run_compiled); _seen: the graph and tensors of a key's last call through dynamo.
+        self._direct: dict[tuple[int, bool], tuple] = {}
+        self._seen: dict[tuple[int, bool], tuple] = {}
+        self._last_graph: tuple | None = None
+
+    def _inductor(self, graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
+        """torch.compile's inductor backend with this path's options; every call of the compiled
+        graph leaves the graph, its input tensors and its outputs in `_last_graph`."""
+        compiled = compile_fx(graph, example_inputs, config_patches=self._options)
+
+        def run(*args):
+            outputs = compiled(*args)
+            self._last_graph = (compiled, args, outputs)
+            return outputs
+
+        return run
 
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         for layer in self.cache.layers:  # each layer writes the call's rows from the committed length
@@ -182,11 +200,11 @@ class StaticCalls:
             return self._forward(call.tokens[None], call.positions[None], mask)
         if key in self._graphs:
             self.calls["compiled"] += 1
-            return self._run_compiled(self._inputs(call.tokens, call.positions, bias))
+            return self._run_compiled(key, self._inputs(call.tokens, call.positions, bias))
         if self._admit(key):
             started = time.perf_counter()
             try:
-                logits = self._run_compiled(self._inputs(call.tokens, call.positions, bias))
+                logits = self._run_compiled(key, self._inputs(call.tokens, call.positions, bias))
             except Exception as err:  # inductor and dynamo fail in many types
                 raise PackedSSError(
                     f"model.compile={self.mode}: torch.compile failed on the {rows}-row call ({type(err).__name__}: "
@@ -230,14 +248,42 @@ class StaticCalls:
         rule = torch.full((rows, rows), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
         rule[: call.rows, : call.rows] = bias
         rule.diagonal()[call.rows :] = 0
-        return self._run_compiled(self._inputs(tokens, positions, rule))[: call.rows]
+        return self._run_compiled((rows, False), self._inputs(tokens, positions, rule))[: call.rows]
 
-    def _run_compiled(self, inputs: tuple) -> torch.Tensor:
+    def _run_compiled(self, key: tuple[int, bool], inputs: tuple) -> torch.Tensor:
+        """The logits of the graph of `key` on `inputs` (its shape's persistent buffers).
+
+        Dynamo checks its guards on every call (about 0.1-0.2 ms on the tiny model on a CPU, as
+        much as a third of a compiled call). Once two calls of a graph through dynamo passed it the
+        very same tensors (the weights, the cache, the shape's buffers: every input of a graph
+        without the proposal LoRA, whose row selection is a new tensor per call) and it returned
+        only the logits, later calls of the graph skip dynamo and call it on those tensors."""
         if self.mode == "reduce-overhead":
-            # A CUDA graph's outputs are overwritten by its next replay: hand out a copy.
             torch.compiler.cudagraph_mark_step_begin()
-            return self._compiled(*inputs).clone()
-        return self._compiled(*inputs)
+        direct = self._direct.get(key)
+        if direct is not None:
+            graph, args = direct
+            logits = graph(*args)[0]
+        else:
+            self._last_graph = None
+            logits = self._compiled(*inputs)
+            self._learn_direct(key, logits)
+        # A CUDA graph's outputs are overwritten by its next replay: hand out a copy.
+        return logits.clone() if self.mode == "reduce-overhead" else logits
+
+    def _learn_direct(self, key: tuple[int, bool], logits: torch.Tensor) -> None:
+        if self._last_graph is None:  # dynamo ran no compiled graph
+            return
+        graph, args, outputs = self._last_graph
+        self._last_graph = None
+        if len(outputs) != 1 or outputs[0] is not logits:
+            return
+        seen = self._seen.get(key)
+        self._seen[key] = (graph, args)
+        if seen is not None and seen[0] is graph and len(seen[1]) == len(args) and all(
+            a is b for a, b in zip(seen[1], args)
+        ):
+            self._direct[key] = (graph, args)
 
     def _admit(self, key: tuple[int, bool]) -> bool:
         """Whether to compile `key`'s graph now: the warm-up is open, the shape was seen before
