@@ -99,3 +99,25 @@ def test_setdlm_checkpoint_follows_the_width(width, smax):
     assert checkpoint.hub_id == f"kuleshov-group/setdlm-gsm8k-smax{smax}"
     assert checkpoint.path == cfg.checkpoint_dirs[checkpoint.hub_id]
     assert checkpoint.path.endswith(f"smax{smax}")
+
+
+@pytest.mark.parametrize(
+    "ids,budget,expected",
+    [
+        ([1, 5, 6, 7, 8], None, [1, 5, 6, 7, 8]),
+        ([1, 5, 6, 7, 8], 5, [1, 5, 6, 7, 8]),
+        ([1, 5, 6, 7, 8], 3, [1, 7, 8]),  # the BOS stays, the oldest text goes
+        ([5, 6, 7, 8], 2, [7, 8]),
+    ],
+)
+def test_prompts_longer_than_the_context_are_cut_from_the_left(ids, budget, expected):
+    from packedss.runner import fit_prompt
+
+    assert fit_prompt(ids, budget, bos_token_id=1) == expected
+
+
+def test_prompt_budget_follows_the_model_context(tiny_model):
+    from packedss.runner import prompt_budget
+
+    positions = tiny_model.backbone.config.max_position_embeddings
+    assert prompt_budget(tiny_model, 100, 18) == positions - 100 - 18

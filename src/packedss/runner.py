@@ -25,7 +25,7 @@ from packedss.decoding.verify import question_seed
 from packedss.families import family_named
 from packedss.models import load_model, resolve_path, select_checkpoint
 from packedss.models.checkpoint import read_config
-from packedss.models.static import end_warmup, enable_static, static_capacity
+from packedss.models.static import end_warmup, enable_static, largest_call_rows, static_capacity
 from packedss.paths import PROJECT_ROOT
 from packedss.preemption import SignalGuard
 from packedss.records import RecordWriter, config_hash, output_hash, record_path
@@ -162,12 +162,22 @@ def run_job(cfg) -> JobResult:
         }
         return family.decode(model, ids, family.settings_type(**(fields | settings_fields)), stop_check)
 
-    def prompt_ids(question) -> list[int]:
-        return question_prompt_ids(task, tokenizer, question, cfg.model.chat)
+    decode_width = settings_fields.get("width", cfg.width)
+    budget = prompt_budget(model, max_new_tokens, largest_call_rows(cfg.schedule.name, decode_width))
+    if budget is not None and budget < 1:
+        raise PackedSSError(
+            f"max_new_tokens={max_new_tokens} and the {cfg.schedule.name} calls at width {decode_width} leave no room "
+            f"for a prompt in model {cfg.model.name}'s context; lower max_new_tokens or the width"
+        )
+
+    def prompt_ids(question) -> tuple[list[int], int]:
+        """The prompt's ids, and how many tokens were cut from its left to fit the context."""
+        ids = question_prompt_ids(task, tokenizer, question, cfg.model.chat)
+        fitted = fit_prompt(ids, budget, tokenizer.bos_token_id)
+        return fitted, len(ids) - len(fitted)
 
     if cfg.model.compile != "none":
-        longest_prompt = max(len(prompt_ids(q)) for q in questions)
-        decode_width = settings_fields.get("width", cfg.width)
+        longest_prompt = max(len(prompt_ids(q)[0]) for q in questions)
         capacity = static_capacity(longest_prompt, max_new_tokens, cfg.schedule.name, decode_width)
         enable_static(model, cfg.model.compile, capacity)
     stop_check = make_stop_check(tokenizer, stops)
@@ -183,7 +193,7 @@ def run_job(cfg) -> JobResult:
         pending = [(q, k, r) for q, k, r in responses if (q.question_id, k, r) not in done]
         if pending and cfg.warmup:
             first = pending[0][0]
-            decode_question(first.question_id, 0, prompt_ids(first))
+            decode_question(first.question_id, 0, prompt_ids(first)[0])
             compile_s = end_warmup(model)  # compiled shapes are fixed from here on; none compiles while timed
             if compile_s:
                 static["compile_s"] = compile_s
@@ -196,7 +206,7 @@ def run_job(cfg) -> JobResult:
                    unit="response", disable=None if cfg.progress else True, file=sys.stderr)  # fmt: skip
         grades = {}
         for question, sample, repeat in bar:
-            ids = prompt_ids(question)
+            ids, truncated = prompt_ids(question)
             out = decode_question(question.question_id, sample, ids)
             text = output_text(tokenizer, out.tokens, stops)
             key = (question.question_id, sample)
@@ -208,6 +218,7 @@ def run_job(cfg) -> JobResult:
                 "repeat": repeat,
                 "question_id": question.question_id,
                 "prompt_tokens": len(ids),
+                "prompt_truncated_tokens": truncated,
                 "output_tokens": len(out.tokens),
                 "output_text": text,
                 "finish_reason": out.finish_reason,
@@ -254,3 +265,26 @@ def end_of_turn_ids(model_cfg, tokenizer) -> tuple[int, ...]:
             )
         ids.append(int(token_id))
     return tuple(ids)
+
+
+def prompt_budget(model, max_new_tokens: int, call_rows: int) -> int | None:
+    """The most prompt tokens a response can take within the positions the model was trained on:
+    a SetDLM drops its oldest cache entries itself (`context`), so only its prefill call must fit;
+    a model without that must hold prompt + max_new_tokens + one call in `max_position_embeddings`.
+    None: the model states no limit."""
+    context = getattr(model, "context", None)
+    if context is not None:
+        return context - call_rows
+    positions = getattr(model.backbone.config, "max_position_embeddings", None)
+    return None if positions is None else positions - max_new_tokens - call_rows
+
+
+def fit_prompt(ids: list[int], budget: int | None, bos_token_id: int | None) -> list[int]:
+    """The prompt cut from the left to `budget` tokens (a leading BOS is kept), as evaluation
+    harnesses truncate over-long contexts; unchanged when it fits."""
+    if budget is None or len(ids) <= budget:
+        return ids
+    if bos_token_id is not None and ids and ids[0] == bos_token_id:
+        return [ids[0], *ids[len(ids) - budget + 1 :]]
+    return ids[len(ids) - budget :]
+
