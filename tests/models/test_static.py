@@ -156,6 +156,10 @@ def test_compiled_shapes_equal_the_eager_path_with_the_proposal_lora(checkpoint)
         assert _both(eager, static, verify, 2) < 1e-5
         position += 2
     assert set(static.static.compile_s) == {f"{WIDTH + 1} rows", f"{WIDTH + 1} rows lora"}
+    # The verify graph got the same tensors on its two calls through dynamo: the third call (and
+    # the padded call below) ran it directly. The LoRA graph's row selection is a new tensor per
+    # call, so it always goes through dynamo.
+    assert set(static.static._direct) == {(WIDTH + 1, False)}
     assert static.static.calls == {"compiled": 4, "padded": 0, "eager": 2, "prefill": 1}
     assert eager.call_stats == static.call_stats == {"lora_rows_selected": 0, "lora_rows_evaluated": 0}
     compiled = end_warmup(static)

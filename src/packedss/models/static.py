@@ -20,6 +20,9 @@ Quadratic-SS B(B+1)), so each can run one compiled graph:
   or past the bound; the any-order schedules' row counts vary) runs on the smallest compiled
   graph with more rows, padded with rows nobody sees (`calls["padded"]`), or, when there is
   none or the proposal LoRA is on, eagerly on the same cache and masks (`calls["eager"]`);
+- a compiled graph whose inputs are the same tensors on two calls through dynamo (every graph
+  without the proposal LoRA: weights, cache and the shape's buffers) is then called directly,
+  without dynamo's per-call guard checks (see StaticCalls._run_compiled);
 - prefill (the call on an empty cache) always runs eagerly: its length varies with the prompt.
 
 `reduce-overhead` (CUDA graphs) needs a GPU; on a CPU it runs as `default`, with a logged note.
