@@ -135,3 +135,12 @@ def test_linear_iterations_hold_two_calls():
     assert iteration_rows(record) == [[30], [30]]
     record = make_record(family="setdlm", schedule="linear", width=8, iterations=2)
     assert iteration_rows(record) == [[16, 8], [17, 8]]  # p + 2u, then u; p = 0 in the first iteration
+
+
+def test_a_file_named_twice_is_read_once(tmp_path):
+    from packedss.analysis.load import find_record_files
+
+    (tmp_path / "records").mkdir()
+    (tmp_path / "records" / "a.jsonl").write_text("")
+    files = find_record_files([tmp_path / "records", tmp_path / "records" / "a.jsonl", tmp_path / "records" / ".." / "records"])
+    assert files == [tmp_path / "records" / "a.jsonl"]

@@ -72,7 +72,8 @@ class Loaded:
 
 
 def find_record_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
-    """JSONL files named directly, or found recursively under the given directories (sorted)."""
+    """JSONL files named directly, or found recursively under the given directories (sorted); a
+    file reached through two of the given paths is read once."""
     if isinstance(paths, (str, Path)):
         paths = [paths]
     files: list[Path] = []
@@ -83,7 +84,10 @@ def find_record_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:
             files.append(path)
         else:
             raise FileNotFoundError(f"no such records file or directory: {path}")
-    return files
+    first_of: dict[Path, Path] = {}
+    for file in files:
+        first_of.setdefault(file.resolve(), file)
+    return list(first_of.values())
 
 
 def normalise(frame: pd.DataFrame) -> pd.DataFrame:
