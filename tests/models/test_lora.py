@@ -113,6 +113,17 @@ def test_ar_logits_unchanged_by_lora(checkpoint, adapter_dir):
     assert torch.equal(plain, adapted)
 
 
+def _peft_model(peft, model, adapter_dir):
+    """PEFT's own LoRA on the same backbone, under the `encoder.` prefix of the adapter's keys."""
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self, encoder):
+            super().__init__()
+            self.encoder = encoder
+
+    return peft.PeftModel.from_pretrained(Wrapper(model.backbone), str(adapter_dir))
+
+
 def test_matches_peft_when_every_row_is_selected(checkpoint, adapter_dir):
     """The row-selective implementation equals peft's own LoRA on the selected rows."""
     peft = pytest.importorskip("peft")
@@ -128,12 +139,7 @@ def test_matches_peft_when_every_row_is_selected(checkpoint, adapter_dir):
     lora.select(None)
     detach_proposal_lora(model)
 
-    class Wrapper(torch.nn.Module):
-        def __init__(self, encoder):
-            super().__init__()
-            self.encoder = encoder
-
-    wrapped = peft.PeftModel.from_pretrained(Wrapper(model.backbone), str(adapter_dir))
+    wrapped = _peft_model(peft, model, adapter_dir)
     theirs = wrapped.base_model.model.encoder(
         input_ids=call.tokens[None], position_ids=call.positions[None], attention_mask=model.additive_mask(call)
     ).last_hidden_state
@@ -211,12 +217,7 @@ def test_bf16_base_keeps_float32_adapter_weights_as_peft(checkpoint, adapter_dir
     adapted = _run(model, call)
     detach_proposal_lora(model)
 
-    class Wrapper(torch.nn.Module):
-        def __init__(self, encoder):
-            super().__init__()
-            self.encoder = encoder
-
-    wrapped = peft.PeftModel.from_pretrained(Wrapper(model.backbone), str(adapter_dir))
+    wrapped = _peft_model(peft, model, adapter_dir)
     assert {p.dtype for n, p in wrapped.named_parameters() if "lora_" in n} == {torch.float32}
     theirs = wrapped.base_model.model.encoder(
         input_ids=call.tokens[None], position_ids=call.positions[None], attention_mask=mask
