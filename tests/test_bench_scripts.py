@@ -11,7 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from packedss.benchmark.schedules import Recorder, Replay
+from packedss.benchmark.schedules import Replay
+from packedss.decoding.trace import RecordingModel
 from packedss.paths import PROJECT_ROOT
 from tests.conftest import write_random_nemotron_with_tokenizer
 
@@ -142,9 +143,9 @@ def test_replay_reproduces_the_decode_without_the_model(checkpoint):
 
     model = load_nemotron(checkpoint, dtype="float64")
     settings = LTRSettings("packed", 3, 10, model.eos_token_ids, Sampling(0.0, "rejection", None))
-    recorder = Recorder(model)
+    recorder = RecordingModel(model)
     real = decode_ltr(recorder, [5, 9, 11, 30, 7], settings)
-    replay = Replay(recorder.log, model.device, model.mask_token_id)
+    replay = Replay([logits for _, logits in recorder.calls], model.device, model.mask_token_id)
     again = decode_ltr(replay, [5, 9, 11, 30, 7], settings)
     assert again.tokens == real.tokens and again.nfe_total == real.nfe_total == replay.index
 

@@ -8,6 +8,7 @@ import torch
 from packedss.decoding import LTRSettings, Sampling, decode_ltr
 from packedss.decoding import schedules as schedules_module
 from packedss.decoding.calls import block_segment, causal_segment, draft_block, pack
+from packedss.decoding.trace import RecordingModel
 from packedss.decoding.schedules import packed_call, quadratic_call
 from packedss.decoding.verify import verify
 
@@ -91,30 +92,6 @@ def test_packed_proposals_do_not_depend_on_the_draft_being_verified(tiny_model):
     for other in proposals[1:]:
         assert torch.equal(other.argmax(-1), proposals[0].argmax(-1))
         assert (other - proposals[0]).abs().max() < 1e-12
-
-
-class RecordingModel:
-    """Passes every call to a model and keeps (call, logits) of each."""
-
-    def __init__(self, model):
-        self.model = model
-        self.device = model.device
-        self.mask_token_id = model.mask_token_id
-        self.calls = []
-
-    def run(self, call):
-        logits = self.model.run(call)
-        self.calls.append((call, logits))
-        return logits
-
-    def commit(self, rows):
-        self.model.commit(rows)
-
-    def reset(self):
-        self.model.reset()
-
-    def synchronize(self):
-        self.model.synchronize()
 
 
 def _separate_draft(model, sequence, anchor_position, width):

@@ -38,6 +38,7 @@ import torch
 from packedss.analysis.bootstrap import N_RESAMPLES, compare
 from packedss.analysis.metrics import SCHEDULE_LABELS
 from packedss.decoding import Sampling, question_seed
+from packedss.decoding.trace import RecordingModel
 from packedss.families import family_named
 from packedss.models.static import end_warmup, static_capacity, static_twin
 from packedss.records import output_hash
@@ -133,27 +134,6 @@ def load(s: BenchSettings, device: torch.device, dtype: str):
     return cfg, adapter, tokenizer, f"{cfg.model.name} tokenizer + random {what} weights"
 
 
-class Recorder:
-    """Passes calls to the model and keeps every call's logits (for `replay_overhead`)."""
-
-    def __init__(self, model):
-        self.model, self.device, self.mask_token_id, self.log = model, model.device, model.mask_token_id, []
-
-    def run(self, call):
-        logits = self.model.run(call)
-        self.log.append(logits)
-        return logits
-
-    def commit(self, rows):
-        self.model.commit(rows)
-
-    def reset(self):
-        self.model.reset()
-
-    def synchronize(self):
-        self.model.synchronize()
-
-
 class Replay:
     """A zero-cost model: returns the recorded logits of each call in turn."""
 
@@ -181,9 +161,9 @@ def replay_overhead(decode, adapter, jobs, rounds: int = 5) -> float:
     cost (identical control flow), best of `rounds`. `jobs` = [(prompt, settings, stop_check)]."""
     logs, iterations = [], 0
     for prompt, settings, stop_check in jobs:
-        recorder = Recorder(adapter)
+        recorder = RecordingModel(adapter)
         iterations += decode(recorder, prompt, settings, stop_check).iterations
-        logs.append(recorder.log)
+        logs.append([logits for _, logits in recorder.calls])
     best = math.inf
     for _ in range(rounds):
         started = time.perf_counter()

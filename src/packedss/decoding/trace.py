@@ -163,3 +163,29 @@ class Meter:
             call_model_s=self.call_model_s,
             extra={**self.call_stats, **(extra or {})},
         )
+
+
+class RecordingModel:
+    """A CallModel that passes every call to `model` and keeps (call, logits) of each: to replay
+    a decode without the model, or to look at the calls a schedule made."""
+
+    def __init__(self, model: CallModel):
+        self.model = model
+        self.device = model.device
+        self.mask_token_id = model.mask_token_id
+        self.calls: list[tuple[Call, torch.Tensor]] = []
+
+    def run(self, call: Call) -> torch.Tensor:
+        logits = self.model.run(call)
+        self.calls.append((call, logits))
+        return logits
+
+    def commit(self, rows: int) -> None:
+        self.model.commit(rows)
+
+    def reset(self) -> None:
+        self.model.reset()
+
+    def synchronize(self) -> None:
+        self.model.synchronize()
+
