@@ -1,5 +1,5 @@
 # Quick start: `make demo` and `make test`. Each target creates or updates the
-# project's own environment (.venv) when pyproject.toml changed.
+# project's own environment (.venv) when pyproject.toml or this file changed.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -12,7 +12,7 @@ STAMP := $(VENV)/.installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(if $(strip $(TORCH)),$(PY) -m pip install -q "$(TORCH)",)
