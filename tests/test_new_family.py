@@ -31,7 +31,7 @@ def toy_family():
             calls_per_iteration={"ar": 1},
             block_of_width=lambda width: 1,
             settings_type=LTRSettings,
-            settings_fields=lambda cfg: {},
+            settings_fields=lambda schedule, options, max_block: {},
             decode=decode_ltr,
             load_adapter=_load_tiny_layout,
             max_block=lambda config: None,

@@ -36,8 +36,9 @@ class Family:
     # B = rows of one draft block for a speculative width W.
     block_of_width: Callable[[int], int]
     settings_type: type[DecodeSettings]
-    # The family's own settings fields, read from the run config (e.g. pad_verify, order).
-    settings_fields: Callable[[object], dict]
+    # (schedule, options, largest block of the checkpoint) -> the family's own settings fields;
+    # options: the run's pad_verify, order (None: the family's first), native_window (None: default).
+    settings_fields: Callable[[str, Mapping, int | None], dict]
     decode: Callable[[CallModel, Sequence[int], DecodeSettings, StopCheck | None], Decoded]
     # (checkpoint directory, torch device, dtype name) -> a CallModel with eos_token_ids.
     load_adapter: Callable[[Path, object, str], CallModel]
@@ -68,6 +69,14 @@ def _setdlm_window(config: dict) -> int | None:
     return int(value) if value is not None else None
 
 
+def _setdlm_settings(schedule: str, options: Mapping, max_block: int | None) -> dict:
+    fields = {"order": options.get("order") or ORDERS[0]}
+    if schedule == "native" and (options.get("native_window") or max_block):
+        # The released native sampler runs a window of half the checkpoint's smax (4 on smax8, 8 on smax16).
+        fields["width"] = options.get("native_window") or max(1, max_block // 2)
+    return fields
+
+
 def _nemotron_block(config: dict) -> int | None:
     value = config.get("block_size")
     return int(value) if value is not None else None
@@ -89,7 +98,7 @@ register_family(
         calls_per_iteration={"ar": 1, "linear": 2, "quadratic": 1, "packed": 1},
         block_of_width=lambda width: width + 1,
         settings_type=LTRSettings,
-        settings_fields=lambda cfg: {"pad_verify": bool(cfg.schedule.pad_verify)},
+        settings_fields=lambda schedule, options, max_block: {"pad_verify": bool(options.get("pad_verify", True))},
         decode=decode_ltr,
         load_adapter=_load_nemotron,
         max_block=_nemotron_block,
@@ -103,7 +112,7 @@ register_family(
         calls_per_iteration={"ar": 1, "linear": 2, "quadratic": 1, "packed": 1, "native": 1},
         block_of_width=lambda width: width,
         settings_type=AnyOrderSettings,
-        settings_fields=lambda cfg: {"order": cfg.order},
+        settings_fields=_setdlm_settings,
         decode=decode_anyorder,
         load_adapter=_load_setdlm,
         max_block=_setdlm_window,

@@ -140,12 +140,10 @@ def run_job(cfg) -> JobResult:
         "compile": cfg.model.compile,
         "max_new_tokens": max_new_tokens,
     }
-    settings_fields = {**family.settings_fields(cfg), **({"order": order} if order else {})}
-    if cfg.schedule.name == "native":
-        # The released native sampler runs a window of half the checkpoint's smax (4 on smax8, 8 on smax16).
-        native_window = cfg.native_window or max(1, (max_block or cfg.width) // 2)
-        settings_fields["width"] = native_window
-        identity["native_window"] = static["native_window"] = native_window
+    options = {"pad_verify": cfg.schedule.pad_verify, "order": order, "native_window": cfg.native_window}
+    settings_fields = family.settings_fields(cfg.schedule.name, options, max_block)
+    if "width" in settings_fields:  # the decoder runs its own window (native), not W
+        identity["native_window"] = static["native_window"] = settings_fields["width"]
         job_hash = static["config_hash"] = config_hash(identity)
 
     def decode_question(question_id: str, sample: int, ids: list[int]):

@@ -276,15 +276,15 @@ def run(s: BenchSettings) -> Report:
     for x in s.schedules if s.compile != "none" else ():
         capacity = static_capacity(longest, max_new, x, width_of[x])
         models[(regimes[1], x)] = static_twin(adapter, s.compile, capacity)
-    family_fields = {"pad_verify": s.pad_verify} if family.name == "nemotron" else {"order": s.order or family.orders[0]}
+    options = {"pad_verify": s.pad_verify, "order": s.order}
 
     def settings_for(schedule: str, question):
         generator = None
         if s.temperature > 0:
             generator = torch.Generator(device=device).manual_seed(question_seed(s.seed, question.question_id, 0))
-        return family.settings_type(schedule=schedule, width=width_of[schedule], max_new_tokens=max_new,
-                                    eos_token_ids=eos, sampling=Sampling(s.temperature, s.verify, generator),
-                                    timing=s.timing, **family_fields)  # fmt: skip
+        fields = {"schedule": schedule, "width": width_of[schedule], "max_new_tokens": max_new, "eos_token_ids": eos,
+                  "sampling": Sampling(s.temperature, s.verify, generator), "timing": s.timing}  # fmt: skip
+        return family.settings_type(**(fields | family.settings_fields(schedule, options, adapter.block_size)))
 
     def decode(regime: str, schedule: str, question):
         model = models[(regime, schedule)]
