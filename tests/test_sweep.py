@@ -178,3 +178,45 @@ def test_a_paths_file_gives_each_job_of_a_sweep_its_own_checkpoint_directory():
     assert [job.checkpoint.split(" @ ")[1] for job in setdlm] == [
         "models/setdlm-gsm8k-smax8", "models/setdlm-gsm8k-smax8", "models/setdlm-gsm8k-smax16", "models/setdlm-gsm8k-smax16"
     ]
+
+
+# A Hydra app over the project's configs whose task=math500 job kills its own process (as the
+# kernel's OOM killer would) and whose other jobs write a file named after their task.
+_DYING_APP = """
+import os, signal, sys
+from pathlib import Path
+import hydra
+from packedss.config import register_configs
+
+register_configs()
+
+
+@hydra.main(version_base="1.3", config_path={conf!r}, config_name="config")
+def main(cfg):
+    if cfg.task.name == "math500":
+        os.kill(os.getpid(), signal.SIGKILL)
+    Path({out!r}, cfg.task.name).write_text("done")
+
+
+main()
+"""
+
+
+@pytest.mark.slow
+def test_a_job_killed_outright_is_a_failed_job_of_the_summary_with_the_local_launcher(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    app = tmp_path / "app.py"
+    app.write_text(_DYING_APP.format(conf=str(PROJECT_ROOT / "conf"), out=str(out)))
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    result = subprocess.run(
+        [sys.executable, str(app), "-m", SWEEPER, "hydra/launcher=local", "model=tiny", "task=gsm8k,math500,arith",
+         f"hydra.sweep.dir={tmp_path}/multirun"],
+        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert sorted(path.name for path in out.iterdir()) == ["arith", "gsm8k"]
+    summary = result.stderr[result.stderr.index("1 of 3 jobs failed") :]
+    assert "#1 model=tiny task=math500" in summary
+    assert "ended without a result" in summary and "_log.out" in summary
+    assert "rerun: python run.py model=tiny task=math500" in summary
