@@ -14,7 +14,8 @@ See packedss.benchmark.calls for the method.
 
 --compile MODE times eager calls against the same calls on the compiled static path
 (packedss.models.static) round-robin in this process, for R = 1, B, 2B and B(B+1) (defaults:
-W = 8 and 31, prefix 64 and 512), and ends with the line
+W = 8 and 31, prefix 64 and 512), next to the matrix products of R rows alone (every linear
+layer and the head: the arithmetic no call path removes), and ends with the line
 `compiled/eager median per-call ratio: X`:
 
     python scripts/bench_calls.py --shape tiny --device cpu --compile default

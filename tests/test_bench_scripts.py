@@ -10,7 +10,9 @@ import runpy
 from types import SimpleNamespace
 
 import pytest
+import torch
 
+from packedss.benchmark.calls import SHAPES, Products, random_adapter, shape_config
 from packedss.benchmark.schedules import Replay
 from packedss.decoding.trace import RecordingModel
 from packedss.paths import PROJECT_ROOT
@@ -69,6 +71,8 @@ def test_bench_calls_compares_compiled_with_eager_calls(tmp_path, capsys):
         ("ar", 1), ("linear-draft", 1), ("linear-verify", 1), ("packed", 2), ("quadratic", 2)]  # fmt: skip
     for c in run["calls"]:
         assert c["ratio"] == pytest.approx(c["compiled_ms"] / c["eager_ms"])
+        assert c["products_ms"] > 0 and c["products_ratio"] == pytest.approx(c["products_ms"] / c["eager_ms"])
+    assert "| C | W | call | rows | eager ms | compiled ms | products ms | compiled / eager | products / eager |" in printed
     last = printed.strip().splitlines()[-1]
     assert last == f"compiled/eager median per-call ratio: {run['median_ratio']:.2f}"
 
@@ -153,3 +157,14 @@ def test_replay_reproduces_the_decode_without_the_model(checkpoint):
 def test_bench_schedules_rejects_an_unknown_schedule(checkpoint):
     with pytest.raises(SystemExit, match="unknown schedules"):
         bench_schedules.main(["--model", str(checkpoint), "--schedules", "linear,fast"])
+
+
+def test_products_are_every_linear_layer_and_the_head_on_the_call_rows():
+    config = shape_config("test", None)
+    adapter = random_adapter(config, torch.device("cpu"), torch.float32)
+    products = Products(adapter, 5)
+    layers = SHAPES["test"]["num_hidden_layers"]
+    assert len(products.weights) == 7 * layers + 1  # q, k, v, o, gate, up, down per layer; the head
+    assert products.weights[-1] is adapter.head.weight
+    assert [x.shape for x in products.inputs] == [(5, w.shape[1]) for w in products.weights]
+    assert products.seconds([products.one(None)])[0] > 0

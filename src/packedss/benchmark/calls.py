@@ -114,6 +114,40 @@ class Timer:
         return [start.elapsed_time(end) / 1000.0 for start, end in measured]
 
 
+class Products:
+    """Times the matrix products of a call of R rows alone: every linear layer of the backbone and
+    the head applied to an (R, in_features) input, with the model's own weights and BLAS, one
+    dispatch each (about a microsecond apiece on a CPU). The arithmetic a call cannot shed however
+    lean the rest of it is; `seconds` reads its measurements like Timer's."""
+
+    def __init__(self, adapter: BackboneAdapter, rows: int):
+        linears = [m for m in adapter.backbone.modules() if isinstance(m, nn.Linear)] + [adapter.head]
+        self.weights = [m.weight for m in linears]
+        gen = torch.Generator().manual_seed(rows)
+        self.inputs = [torch.randn((rows, w.shape[1]), generator=gen).to(w.device, w.dtype) for w in self.weights]
+        self.timer = Timer(adapter)
+
+    def one(self, call):
+        with torch.inference_mode():
+            if self.timer.cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                self._run()
+                end.record()
+                return start, end
+            t0 = time.perf_counter()
+            self._run()
+            self.timer.adapter.synchronize()
+            return time.perf_counter() - t0
+
+    def _run(self) -> None:
+        for x, weight in zip(self.inputs, self.weights):
+            torch.nn.functional.linear(x, weight)
+
+    def seconds(self, measured: list) -> list[float]:
+        return self.timer.seconds(measured)
+
+
 def round_robin(entries: dict, warmup: int, iters: int) -> dict:
     """key -> seconds of `iters` calls, for `entries` = {key: (timer, call)} timed A B C D A B C D
     ... after `warmup` untimed rounds, so that a drift of the machine hits every entry alike."""
@@ -181,10 +215,10 @@ def bench(adapter: BackboneAdapter, blocks: list[int], prefixes: list[int], warm
 def bench_compiled(adapter: BackboneAdapter, mode: str, blocks: list[int], prefixes: list[int], warmup: int,
                    iters: int) -> tuple[list[dict], dict[str, float]]:  # fmt: skip
     """Eager calls of `adapter` against the same calls on the static path compiled with `mode`,
-    timed round-robin in this process. Each (C, R) gets a static twin of C + R rows, so that the
-    compiled call attends the same C + R columns as the eager one; its shape is compiled first
-    (two untimed calls), then compilation is closed. Returns the per-call results and the
-    compile seconds per shape."""
+    and against the matrix products of their row count alone (Products), timed round-robin in
+    this process. Each (C, R) gets a static twin of C + R rows, so that the compiled call attends
+    the same C + R columns as the eager one; its shape is compiled first (two untimed calls), then
+    compilation is closed. Returns the per-call results and the compile seconds per shape."""
     results, compile_s, eager = [], {}, Timer(adapter)
     for prefix in prefixes:
         calls = {block: iteration_calls(adapter, block, prefix, COMPILE_KINDS) for block in blocks}
@@ -205,15 +239,19 @@ def bench_compiled(adapter: BackboneAdapter, mode: str, blocks: list[int], prefi
             for kind, call in by_kind.items():
                 entries[("eager", kind)] = (eager, call)
                 entries[("compiled", kind)] = (timers[call.rows], call)
+            for rows in sorted({call.rows for call in by_kind.values()}):
+                entries[("products", rows)] = (Products(adapter, rows), None)
             times = round_robin(entries, warmup, iters)
             for kind, call in by_kind.items():
                 eager_ms = 1000 * statistics.median(times[("eager", kind)])
                 compiled_ms = 1000 * statistics.median(times[("compiled", kind)])
+                products_ms = 1000 * statistics.median(times[("products", call.rows)])
                 results.append({"prefix": prefix, "block": block, "kind": kind, "rows": call.rows,
                                 "eager_ms": eager_ms, "compiled_ms": compiled_ms, "ratio": compiled_ms / eager_ms,
+                                "products_ms": products_ms, "products_ratio": products_ms / eager_ms,
                                 "iters": iters})  # fmt: skip
                 _progress(f"  C={prefix:5d} B={block:3d} {kind:14s} rows={call.rows:5d} eager {eager_ms:8.3f} ms "
-                          f"compiled {compiled_ms:8.3f} ms")  # fmt: skip
+                          f"compiled {compiled_ms:8.3f} ms products {products_ms:8.3f} ms")  # fmt: skip
         adapter.reset()
     return results, compile_s
 
@@ -268,12 +306,14 @@ def median_ratio(results: list[dict]) -> float:
 
 
 def render_compiled(results: list[dict], compile_s: dict[str, float], header: str) -> str:
-    lines = [header, "", "Compiled against eager calls of the same shapes (median ms, round-robin):", ""]
-    lines.append("| C | W | call | rows | eager ms | compiled ms | compiled / eager |")
-    lines.append("|---:|---:|---|---:|---:|---:|---:|")
+    lines = [header, "", "Compiled against eager calls of the same shapes, and the matrix products of the call's "
+             "rows alone (median ms, round-robin):", ""]  # fmt: skip
+    lines.append("| C | W | call | rows | eager ms | compiled ms | products ms | compiled / eager | products / eager |")
+    lines.append("|---:|---:|---|---:|---:|---:|---:|---:|---:|")
     for r in results:
         lines.append(f"| {r['prefix']} | {r['block'] - 1} | {r['kind']} | {r['rows']} | {r['eager_ms']:.3f} | "
-                     f"{r['compiled_ms']:.3f} | {r['ratio']:.2f} |")  # fmt: skip
+                     f"{r['compiled_ms']:.3f} | {r['products_ms']:.3f} | {r['ratio']:.2f} | "
+                     f"{r['products_ratio']:.2f} |")  # fmt: skip
     shapes = ", ".join(f"{label} {seconds:.1f} s" for label, seconds in compile_s.items())
     lines += ["", f"compile time per shape (untimed warm-up): {shapes}",
               f"compiled/eager median per-call ratio: {median_ratio(results):.2f}"]  # fmt: skip
