@@ -71,6 +71,29 @@ class TrainConfig:
         return {"arith": self.mix_arith, "gsm8k": self.mix_gsm8k, "code": self.mix_code}
 
 
+def backbone_config(config_class, config: TrainConfig, vocab: int, ids: dict[str, int], **architecture):
+    """A transformers config of `config_class` with the tiny model's sizes and special ids (EOS
+    doubles as BOS); `architecture`: the family's own fields (rotary parameters, norm epsilon)."""
+    model_config = config_class(
+        vocab_size=vocab,
+        hidden_size=config.hidden,
+        intermediate_size=config.intermediate,
+        num_hidden_layers=config.layers,
+        num_attention_heads=config.heads,
+        num_key_value_heads=config.kv_heads,
+        head_dim=config.hidden // config.heads,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        pad_token_id=ids["pad"],
+        bos_token_id=ids["eos"],
+        eos_token_id=ids["eos"],
+        initializer_range=0.02,
+        **architecture,
+    )
+    model_config._attn_implementation = "sdpa"
+    return model_config
+
+
 def lr_at(step: int, steps: int, peak: float, warmup: int) -> float:
     """Linear warmup, then cosine decay to 10% of the peak."""
     if step < warmup:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from packedss.training.corpus import Sampler, build_corpus, describe_examples, encode_examples, special_ids, train_tokenizer
 from packedss.training.layouts import IGNORE, collate, nemotron_layout
-from packedss.training.loop import TrainConfig, finish_record, lr_at, make_sampler, save_checkpoint, seed_all, train_steps
+from packedss.training.loop import TrainConfig, backbone_config, finish_record, lr_at, make_sampler, save_checkpoint, seed_all, train_steps
 
 BLOCK_SIZE = 32  # config.json block_size of the saved model
 TRAINED_BLOCK_MAX = 17  # the largest block the layout trains on (W <= 16, B = W + 1)
@@ -34,29 +34,9 @@ TRAINED_BLOCK_MAX = 17  # the largest block the layout trains on (W <= 16, B = W
 def ministral_config(config: TrainConfig, vocab: int, ids: dict[str, int]):
     from transformers import Ministral3Config
 
-    model_config = Ministral3Config(
-        vocab_size=vocab,
-        hidden_size=config.hidden,
-        intermediate_size=config.intermediate,
-        num_hidden_layers=config.layers,
-        num_attention_heads=config.heads,
-        num_key_value_heads=config.kv_heads,
-        head_dim=config.hidden // config.heads,
-        max_position_embeddings=4096,
-        rope_parameters={
-            "rope_type": "default",
-            "rope_theta": 10000.0,
-            "llama_4_scaling_beta": 0.1,
-            "original_max_position_embeddings": 4096,
-        },
-        tie_word_embeddings=False,
-        pad_token_id=ids["pad"],
-        bos_token_id=ids["eos"],
-        eos_token_id=ids["eos"],
-        initializer_range=0.02,
-    )
-    model_config._attn_implementation = "sdpa"
-    return model_config
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "llama_4_scaling_beta": 0.1,
+            "original_max_position_embeddings": 4096}  # fmt: skip
+    return backbone_config(Ministral3Config, config, vocab, ids, rope_parameters=rope)
 
 
 def train_nemotron(config: TrainConfig, out_dir: Path, init_from: str | None = None) -> None:

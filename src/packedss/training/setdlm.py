@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from packedss.training.corpus import build_corpus, describe_examples, encode_examples, special_ids, train_tokenizer
 from packedss.training.layouts import IGNORE, collate, set_layout
-from packedss.training.loop import TrainConfig, finish_record, make_sampler, save_checkpoint, seed_all, train_steps
+from packedss.training.loop import TrainConfig, backbone_config, finish_record, make_sampler, save_checkpoint, seed_all, train_steps
 
 SET_BASE = "none: trained from scratch by scripts/train_tiny.py --family setdlm"
 
@@ -28,25 +28,8 @@ SET_BASE = "none: trained from scratch by scripts/train_tiny.py --family setdlm"
 def qwen3_config(config: TrainConfig, vocab: int, ids: dict[str, int]):
     from transformers import Qwen3Config
 
-    model_config = Qwen3Config(
-        vocab_size=vocab,
-        hidden_size=config.hidden,
-        intermediate_size=config.intermediate,
-        num_hidden_layers=config.layers,
-        num_attention_heads=config.heads,
-        num_key_value_heads=config.kv_heads,
-        head_dim=config.hidden // config.heads,
-        max_position_embeddings=4096,
-        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        rms_norm_eps=1e-6,
-        tie_word_embeddings=False,
-        pad_token_id=ids["pad"],
-        bos_token_id=ids["eos"],
-        eos_token_id=ids["eos"],
-        initializer_range=0.02,
-    )
-    model_config._attn_implementation = "sdpa"
-    return model_config
+    rope = {"rope_type": "default", "rope_theta": 10000.0}
+    return backbone_config(Qwen3Config, config, vocab, ids, rope_parameters=rope, rms_norm_eps=1e-6)
 
 
 def setdlm_writer(ids: dict[str, int], smax: int):
