@@ -111,3 +111,19 @@ def model_overrides(tmp_path_factory) -> list[str]:
         return ["model=tiny"]
     path = write_random_nemotron_with_tokenizer(tmp_path_factory.mktemp("random-tiny"))
     return ["model=tiny", f"model.path={path}"]
+
+
+@pytest.fixture
+def hub_offline(monkeypatch, tmp_path):
+    """The Hugging Face libraries offline in this process. They read HF_HUB_OFFLINE when first
+    imported, so setting the variable alone is too late once another test imported them; without
+    it an unreachable hub costs ~20 s of retries per test."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_OFFLINE", True)

@@ -136,11 +136,8 @@ def composed():
         (["timing=bogus"], "invalid timing='bogus'; valid choices: sync, events"),
     ],
 )
-def test_bad_input_fails_at_start_with_one_clear_message(composed, model_overrides, tmp_path, monkeypatch,
+def test_bad_input_fails_at_start_with_one_clear_message(composed, model_overrides, tmp_path, hub_offline,
                                                          overrides, message):  # fmt: skip
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     base = [] if any(o.startswith("model=") for o in overrides) else model_overrides
     cfg = composed([*base, *overrides, f"out_dir={tmp_path / 'out'}"])
     with pytest.raises(PackedSSError) as err:

@@ -87,9 +87,7 @@ def test_missing_data_dir_is_one_clear_error(tmp_path, name):
         load_task(load_task_config(name), str(tmp_path))
 
 
-def test_offline_hub_gives_the_clear_error(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+def test_offline_hub_gives_the_clear_error(monkeypatch, hub_offline):
     monkeypatch.setenv("HF_DATASETS_CACHE", "/nonexistent-packedss-cache")
     try:
         task = load_task(load_task_config("gsm8k"), None)
