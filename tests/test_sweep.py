@@ -220,3 +220,19 @@ def test_a_job_killed_outright_is_a_failed_job_of_the_summary_with_the_local_lau
     assert "#1 model=tiny task=math500" in summary
     assert "ended without a result" in summary and "_log.out" in summary
     assert "rerun: python run.py model=tiny task=math500" in summary
+
+
+@pytest.mark.parametrize("launcher", ["local", "slurm"])
+def test_the_submitit_launchers_are_the_projects_subclasses(launcher):
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import get_class
+    from hydra_plugins.hydra_submitit_launcher import submitit_launcher
+
+    from packedss.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(PROJECT_ROOT / "conf"), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[f"hydra/launcher={launcher}"], return_hydra_config=True)
+    cls = get_class(cfg.hydra.launcher._target_)
+    assert cls.__module__ == "hydra_plugins.packedss_sweeper.launchers"
+    assert issubclass(cls, getattr(submitit_launcher, f"{launcher.capitalize()}Launcher"))
