@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -185,6 +186,7 @@ def test_a_paths_file_gives_each_job_of_a_sweep_its_own_checkpoint_directory():
 _DYING_APP = """
 import os, signal, sys
 from pathlib import Path
+from types import SimpleNamespace
 import hydra
 from packedss.config import register_configs
 
@@ -236,3 +238,33 @@ def test_the_submitit_launchers_are_the_projects_subclasses(launcher):
     cls = get_class(cfg.hydra.launcher._target_)
     assert cls.__module__ == "hydra_plugins.packedss_sweeper.launchers"
     assert issubclass(cls, getattr(submitit_launcher, f"{launcher.capitalize()}Launcher"))
+
+
+@pytest.mark.parametrize("kind", ["killed", "raised"])
+def test_a_job_without_a_result_becomes_a_failed_job_return(kind, tmp_path):
+    from hydra.core.utils import JobStatus
+    from submitit.core.utils import FailedJobError, UncompletedJobError
+
+    from hydra_plugins.packedss_sweeper.launchers import _Job
+
+    class Lost:  # what submitit's Job.results raises for a job killed outright, or raising outside its run
+        job_id = "123_4"
+        paths = SimpleNamespace(stdout=tmp_path / "123_4_log.out", stderr=tmp_path / "123_4_log.err")
+
+        def results(self):
+            if kind == "killed":
+                raise UncompletedJobError("Job 123_4 (task: 0) with path x_result.pkl\nhas not produced any output "
+                                          "(state: OUT_OF_MEMORY)\nNo error stream produced.")  # fmt: skip
+            raise FailedJobError("Job (task=0) failed during processing with trace:\n----------------------\n"
+                                 "Traceback (most recent call last):\n  File \"x.py\", line 1\nValueError: bad value\n"
+                                 "----------------------\nYou can check full logs with 'job.stderr(0)'\nor at paths:\n"
+                                 "  - a.err\n  - a.out")  # fmt: skip
+
+    [returned] = _Job(Lost(), ["task=math500"]).results()
+    assert returned.status == JobStatus.FAILED and returned.overrides == ["task=math500"]
+    message = str(returned._return_value)
+    assert "job 123_4" in message and "123_4_log.out" in message and "123_4_log.err" in message
+    if kind == "killed":
+        assert "ended without a result (state: OUT_OF_MEMORY" in message
+    else:
+        assert "failed before or after its run (ValueError: bad value)" in message

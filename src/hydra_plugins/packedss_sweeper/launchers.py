@@ -29,6 +29,13 @@ class _Job:
 
         try:
             return self.job.results()
+        except submitit.core.utils.FailedJobError as err:  # raised in the job, outside Hydra's run of it
+            trace = [line for line in str(err).splitlines() if line.strip() and not line.startswith("-")]
+            last = next((line.strip() for line in reversed(trace) if not line.startswith(("You can", "or at", "  - "))), "")
+            error = PackedSSError(
+                f"job {self.job.job_id} failed before or after its run ({last}); its log: {self.job.paths.stdout} "
+                f"and {self.job.paths.stderr}"
+            )
         except submitit.core.utils.UncompletedJobError as err:
             state = str(err).split("(state: ", 1)[1].split(")", 1)[0] if "(state: " in str(err) else "unknown"
             error = PackedSSError(
