@@ -16,7 +16,14 @@ from packedss.errors import PackedSSError
 from packedss.models.lora import ProposalLoRA
 from packedss.models.nemotron import load_nemotron
 from packedss.models.setdlm import load_setdlm
-from packedss.models.static import end_warmup, enable_static, largest_call_rows, static_capacity, static_twin
+from packedss.models.static import (
+    attention_windows,
+    end_warmup,
+    enable_static,
+    largest_call_rows,
+    static_capacity,
+    static_twin,
+)
 from tests.anyorder_fixtures import SET_EOS, write_random_setdlm
 from tests.conftest import EOS_ID, MASK_ID, TINY_VOCAB, write_random_nemotron
 
@@ -159,7 +166,10 @@ def test_compiled_shapes_equal_the_eager_path_with_the_proposal_lora(checkpoint)
     # The verify graph got the same tensors on its two calls through dynamo: the third call (and
     # the padded call below) ran it directly. The LoRA graph's row selection is a new tensor per
     # call, so it always goes through dynamo.
-    assert set(static.static._direct) == {(WIDTH + 1, False)}
+    # Both shapes were compiled on a cache of 8 rows, for every window that holds 8 + 4 rows; the
+    # calls since ran on the 16-column window.
+    assert static.static._graphs == {(WIDTH + 1, False): [16, 32, 64], (WIDTH + 1, True): [16, 32, 64]}
+    assert set(static.static._direct) == {(WIDTH + 1, False, 16)}
     assert static.static.calls == {"compiled": 4, "padded": 0, "eager": 2, "prefill": 1}
     assert eager.call_stats == static.call_stats == {"lora_rows_selected": 0, "lora_rows_evaluated": 0}
     compiled = end_warmup(static)
@@ -177,6 +187,34 @@ def test_compiled_shapes_equal_the_eager_path_with_the_proposal_lora(checkpoint)
         assert _both(eager, static, call, 1) < 1e-5
         assert static.static.calls[path] == before + 1
     assert static.static.compile_s == compiled
+
+
+def test_attention_windows_halve_the_capacity_in_multiples_of_16():
+    assert attention_windows(200) == [32, 64, 112, 200]
+    assert attention_windows(64) == [16, 32, 64]
+    assert attention_windows(10) == [10]
+    assert attention_windows(4096, count=2) == [2048, 4096]
+
+
+def test_a_compiled_call_attends_the_smallest_window_that_holds_it(checkpoint):
+    """A shape compiled on a short cache has a graph for each window; as the cache grows its calls
+    move to larger windows, and they equal eager calls on the same prefix all along."""
+    eager = load_nemotron(checkpoint, dtype="float64")
+    static = static_twin(eager, "default", 200)
+    assert static.static.windows == [32, 64, 112, 200]
+    generator = torch.Generator().manual_seed(6)
+    assert _both(eager, static, pack([causal_segment(_tokens(generator, 20), 0)]), 20) < 1e-9
+    position = 20
+    while position + WIDTH + 1 <= 200:
+        verify = pack([causal_segment(_tokens(generator, WIDTH + 1), position)])
+        # (float32 rotary rounding in inductor, as in the LoRA test above)
+        assert _both(eager, static, verify, WIDTH + 1) < 1e-5, position
+        position += WIDTH + 1
+    # Compiled at its second sighting (24 rows committed, 28 needed): every window.
+    assert static.static._graphs == {(WIDTH + 1, False): [32, 64, 112, 200]}
+    # Every later call on the smallest window holding it: 32 up to 8 calls in, then 64, 112, 200.
+    assert static.static.window_calls == {32: 1, 64: 8, 112: 12, 200: 22}
+    assert static.static.calls["compiled"] == 1 + sum(static.static.window_calls.values())  # + the compiling call
 
 
 def test_a_failing_compile_is_one_clear_error(checkpoint):

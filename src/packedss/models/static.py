@@ -7,19 +7,25 @@ Quadratic-SS B(B+1)), so each can run one compiled graph:
 
 - the KV cache is transformers' `StaticCache` of `capacity` rows; committing a call moves the
   committed length, and the rows of an uncommitted call are overwritten by the next call;
+- a call attends a window of the cache, not all of it: the first w columns, for w in
+  `attention_windows(capacity)` (the capacity, a half, a quarter and an eighth of it), the
+  smallest compiled w that holds the committed rows and the call's; each window is a StaticCache
+  over views of the full cache's first w rows, so all windows share one cache;
 - the committed length lives in a device tensor that the graph copies into every cache layer
   before it writes the call's rows (so a commit is one host-side update, not one per layer);
-- the attention mask is a fixed-width additive buffer per row count, (1, 1, R, capacity),
+- the attention mask is a fixed-width additive buffer per row count and window, (1, 1, R, w),
   updated in place: columns below the committed length are 0, the call's own columns hold its
   (R, R) rule, every other column (cache slots past the committed length) holds the dtype's
   minimum; the call's token and position ids are copied into buffers of the shape as well;
 - the backbone + head forward is compiled with `torch.compile` (static shapes) for a row count
   once it was seen twice while warm-up is open (`end_warmup` closes it), at most `max_graphs`
-  graphs (a call with the proposal LoRA on is its own graph: the LoRA hooks compile with it), so
-  no compilation ever happens inside a timed decode. Any other call (a shape first seen later,
-  or past the bound; the any-order schedules' row counts vary) runs on the smallest compiled
-  graph with more rows, padded with rows nobody sees (`calls["padded"]`), or, when there is
-  none or the proposal LoRA is on, eagerly on the same cache and masks (`calls["eager"]`);
+  row counts (a call with the proposal LoRA on is its own: the LoRA hooks compile with it), one
+  graph for each window that holds the call then (the capacity always among them: every later
+  call of the shape has a compiled window), so no compilation ever happens inside a timed
+  decode. Any other call (a shape first seen later, or past the bound; the any-order schedules'
+  row counts vary) runs on the smallest compiled graph with more rows, padded with rows nobody
+  sees (`calls["padded"]`), or, when there is none or the proposal LoRA is on, eagerly on the
+  same cache and masks (`calls["eager"]`);
 - a compiled graph whose inputs are the same tensors on two calls through dynamo (every graph
   without the proposal LoRA: weights, cache and the shape's buffers) is then called directly,
   without dynamo's per-call guard checks (see StaticCalls._run_compiled);
@@ -46,7 +52,8 @@ from packedss.errors import PackedSSError
 log = logging.getLogger(__name__)
 
 COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
-MAX_GRAPHS = 8  # compiled graphs per adapter by default; further shapes run eagerly
+MAX_GRAPHS = 8  # compiled call shapes per adapter by default; further shapes run eagerly
+WINDOWS = 4  # attention windows per call shape: the capacity, and a half, a quarter, an eighth of it
 SIGHTINGS_TO_COMPILE = 2  # a shape seen once (e.g. a rare any-order row count) is not worth a graph
 
 
@@ -65,6 +72,14 @@ def largest_call_rows(schedule: str, width: int) -> int:
     if schedule not in rows:
         raise PackedSSError(f"no static cache size for schedule {schedule!r}; known: {', '.join(rows)}")
     return rows[schedule]
+
+
+def attention_windows(capacity: int, count: int = WINDOWS) -> list[int]:
+    """The cache widths a call attends, ascending: capacity / 2^k for k < count, rounded up to a
+    multiple of 16 (at most the capacity). A call on `committed` rows attends the smallest
+    compiled window that holds committed + its rows: at most twice the columns it needs (the
+    capacity when it needs more than half), not the whole capacity."""
+    return sorted({min(capacity, -(-capacity // 2**k // 16) * 16) for k in range(count)} - {0})
 
 
 def static_capacity(longest_prompt: int, max_new_tokens: int, schedule: str, width: int) -> int:
@@ -141,29 +156,33 @@ class StaticCalls:
         heads = config.num_key_value_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.cache.early_initialization(1, heads, head_dim, self.dtype, self.device)
+        self.windows = attention_windows(capacity)
+        self._caches = {width: self._window(config, width) for width in self.windows[:-1]}
+        self._caches[capacity] = self.cache
         # The committed length as the graph reads it; copied into every cache layer by the forward.
         self._start = torch.zeros((), dtype=torch.long, device=self.device)
         torch._dynamo.mark_static_address(self._start)
         self.committed = 0
-        self._shapes: dict[int, _Inputs] = {}
+        self._shapes: dict[tuple[int, int], _Inputs] = {}  # (rows, window) -> its buffers
         self._sightings: dict[tuple[int, bool], int] = {}
-        self._graphs: set[tuple[int, bool]] = set()
+        self._graphs: dict[tuple[int, bool], list[int]] = {}  # (rows, lora) -> its compiled windows, ascending
         self.compiling = True  # new shapes may be compiled (the untimed warm-up); see end_warmup
-        self.compile_s: dict[str, float] = {}  # "R rows" (+ " lora") -> seconds of its first compiled call
+        self.compile_s: dict[str, float] = {}  # "R rows" (+ " lora") -> seconds compiling its windows
         self.calls = {"compiled": 0, "padded": 0, "eager": 0, "prefill": 0}
+        self.window_calls = dict.fromkeys(self.windows, 0)  # compiled and padded calls per window
         # Every graph of every instance is a cache entry of the one `_forward` code object, which
         # dynamo bounds by recompile_limit (past it, it would silently run eagerly): make room.
-        torch._dynamo.config.recompile_limit += max_graphs
+        torch._dynamo.config.recompile_limit += max_graphs * len(self.windows)
         self._options = torch._inductor.list_mode_options(mode)
         if self.device.type == "cpu":
             # On a CPU the generated C++ wrapper launches the kernels without Python: about 0.08 ms
             # less per call on the tiny model (0.31 against 0.39 ms for one row, measured).
             self._options["cpp_wrapper"] = True
         self._compiled = torch.compile(self._forward, backend=self._inductor, dynamic=False, fullgraph=True)
-        # (rows, lora) -> the compiled graph and the tensors it reads, called without dynamo (see
-        # _run_compiled); _seen: the graph and tensors of a key's last call through dynamo.
-        self._direct: dict[tuple[int, bool], tuple] = {}
-        self._seen: dict[tuple[int, bool], tuple] = {}
+        # (rows, lora, window) -> the compiled graph and the tensors it reads, called without dynamo
+        # (see _run_compiled); _seen: the graph and tensors of a key's last call through dynamo.
+        self._direct: dict[tuple[int, bool, int], tuple] = {}
+        self._seen: dict[tuple[int, bool, int], tuple] = {}
         self._last_graph: tuple | None = None
 
     def _inductor(self, graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
@@ -178,10 +197,23 @@ class StaticCalls:
 
         return run
 
+    def _window(self, config, width: int) -> StaticCache:
+        """A StaticCache over the first `width` rows of every layer of the full cache (views: what
+        a call writes through it is in the full cache) sharing its committed lengths."""
+        window = StaticCache(config=config, max_cache_len=width)
+        for layer, full in zip(window.layers, self.cache.layers):
+            layer.__dict__.update(full.__dict__)
+            layer.max_cache_len = width
+            layer.keys, layer.values = full.keys[:, :, :width], full.values[:, :, :width]
+            torch._dynamo.mark_static_address(layer.keys)
+            torch._dynamo.mark_static_address(layer.values)
+        return window
+
     def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        for layer in self.cache.layers:  # each layer writes the call's rows from the committed length
+        cache = self._caches[mask.shape[-1]]  # the mask's width is the window
+        for layer in cache.layers:  # each layer writes the call's rows from the committed length
             layer.cumulative_length.copy_(self._start)
-        out = self.backbone(input_ids=tokens, position_ids=positions, attention_mask=mask, cache=self.cache,
+        out = self.backbone(input_ids=tokens, position_ids=positions, attention_mask=mask, cache=cache,
                             use_cache=True)  # fmt: skip
         return self.head(out.last_hidden_state[0])
 
@@ -196,6 +228,7 @@ class StaticCalls:
                 "max_new_tokens, schedule, width), or use model.compile=none"
             )
         key = (rows, lora)
+        needed = self.committed + rows
         if self.committed == 0:
             self.calls["prefill"] += 1
             mask = torch.full((1, 1, rows, self.capacity), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
@@ -203,11 +236,16 @@ class StaticCalls:
             return self._forward(call.tokens[None], call.positions[None], mask)
         if key in self._graphs:
             self.calls["compiled"] += 1
-            return self._run_compiled(key, self._inputs(call.tokens, call.positions, bias))
-        if self._admit(key):
+            width = min(w for w in self._graphs[key] if w >= needed)
+            self.window_calls[width] += 1
+            return self._run_compiled(key + (width,), self._inputs(call.tokens, call.positions, bias, width))
+        if self._admit(key, needed):
             started = time.perf_counter()
             try:
-                logits = self._run_compiled(key, self._inputs(call.tokens, call.positions, bias))
+                # Every window compiled now gives the same logits (the columns it adds are masked);
+                # the smallest one's are returned.
+                for width in reversed(self._graphs[key]):
+                    logits = self._run_compiled(key + (width,), self._inputs(call.tokens, call.positions, bias, width))
             except Exception as err:  # inductor and dynamo fail in many types
                 raise PackedSSError(
                     f"model.compile={self.mode}: torch.compile failed on the {rows}-row call ({type(err).__name__}: "
@@ -224,13 +262,14 @@ class StaticCalls:
             self.calls["padded"] += 1
             return self._run_padded(call, bias, padded)
         self.calls["eager"] += 1
-        return self._forward(*self._inputs(call.tokens, call.positions, bias))
+        width = min(w for w in self.windows if w >= needed)
+        return self._forward(*self._inputs(call.tokens, call.positions, bias, width))
 
-    def _inputs(self, tokens: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor) -> tuple:
-        rows = tokens.shape[0]
-        inputs = self._shapes.get(rows)
+    def _inputs(self, tokens: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor, width: int) -> tuple:
+        shape = (tokens.shape[0], width)
+        inputs = self._shapes.get(shape)
         if inputs is None:
-            inputs = self._shapes[rows] = _Inputs(rows, self.capacity, self.dtype, self.device)
+            inputs = self._shapes[shape] = _Inputs(shape[0], width, self.dtype, self.device)
         return inputs.fill(self.committed, tokens, positions, bias)
 
     def _padded_rows(self, rows: int, lora: bool) -> int | None:
@@ -251,10 +290,12 @@ class StaticCalls:
         rule = torch.full((rows, rows), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
         rule[: call.rows, : call.rows] = bias
         rule.diagonal()[call.rows :] = 0
-        return self._run_compiled((rows, False), self._inputs(tokens, positions, rule))[: call.rows]
+        width = min(w for w in self._graphs[(rows, False)] if w >= self.committed + rows)
+        self.window_calls[width] += 1
+        return self._run_compiled((rows, False, width), self._inputs(tokens, positions, rule, width))[: call.rows]
 
-    def _run_compiled(self, key: tuple[int, bool], inputs: tuple) -> torch.Tensor:
-        """The logits of the graph of `key` on `inputs` (its shape's persistent buffers).
+    def _run_compiled(self, key: tuple[int, bool, int], inputs: tuple) -> torch.Tensor:
+        """The logits of the graph of `key` (rows, lora, window) on `inputs` (its persistent buffers).
 
         Dynamo checks its guards on every call (about 0.1-0.2 ms on the tiny model on a CPU, as
         much as a third of a compiled call). Once two calls of a graph through dynamo passed it the
@@ -274,7 +315,7 @@ class StaticCalls:
         # A CUDA graph's outputs are overwritten by its next replay: hand out a copy.
         return logits.clone() if self.mode == "reduce-overhead" else logits
 
-    def _learn_direct(self, key: tuple[int, bool], logits: torch.Tensor) -> None:
+    def _learn_direct(self, key: tuple[int, bool, int], logits: torch.Tensor) -> None:
         if self._last_graph is None:  # dynamo ran no compiled graph
             return
         graph, args, outputs = self._last_graph
@@ -288,15 +329,15 @@ class StaticCalls:
         ):
             self._direct[key] = (graph, args)
 
-    def _admit(self, key: tuple[int, bool]) -> bool:
-        """Whether to compile `key`'s graph now: the warm-up is open, the shape was seen before
-        and the bound allows another graph."""
+    def _admit(self, key: tuple[int, bool], needed: int) -> bool:
+        """Whether to compile `key`'s graphs now, one per window of at least `needed` columns: the
+        warm-up is open, the shape was seen before and the bound allows another shape."""
         if not self.compiling or len(self._graphs) >= self.max_graphs:
             return False
         self._sightings[key] = self._sightings.get(key, 0) + 1
         if self._sightings[key] < SIGHTINGS_TO_COMPILE:
             return False
-        self._graphs.add(key)
+        self._graphs[key] = [w for w in self.windows if w >= needed]
         log.info("compiling the %d-row call%s (mode=%s)", key[0], " with LoRA" if key[1] else "", self.mode)
         return True
 
