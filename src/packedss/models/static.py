@@ -236,8 +236,7 @@ class StaticCalls:
             return self._forward(call.tokens[None], call.positions[None], mask)
         if key in self._graphs:
             self.calls["compiled"] += 1
-            width = min(w for w in self._graphs[key] if w >= needed)
-            self.window_calls[width] += 1
+            width = self._compiled_window(key, needed)
             return self._run_compiled(key + (width,), self._inputs(call.tokens, call.positions, bias, width))
         if self._admit(key, needed):
             started = time.perf_counter()
@@ -265,6 +264,13 @@ class StaticCalls:
         width = min(w for w in self.windows if w >= needed)
         return self._forward(*self._inputs(call.tokens, call.positions, bias, width))
 
+    def _compiled_window(self, key: tuple[int, bool], needed: int) -> int:
+        """The smallest window compiled for `key` that holds `needed` columns (the capacity's is
+        compiled for every key), counted in window_calls."""
+        width = min(w for w in self._graphs[key] if w >= needed)
+        self.window_calls[width] += 1
+        return width
+
     def _inputs(self, tokens: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor, width: int) -> tuple:
         shape = (tokens.shape[0], width)
         inputs = self._shapes.get(shape)
@@ -290,8 +296,7 @@ class StaticCalls:
         rule = torch.full((rows, rows), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
         rule[: call.rows, : call.rows] = bias
         rule.diagonal()[call.rows :] = 0
-        width = min(w for w in self._graphs[(rows, False)] if w >= self.committed + rows)
-        self.window_calls[width] += 1
+        width = self._compiled_window((rows, False), self.committed + rows)
         return self._run_compiled((rows, False, width), self._inputs(tokens, positions, rule, width))[: call.rows]
 
     def _run_compiled(self, key: tuple[int, bool, int], inputs: tuple) -> torch.Tensor:
