@@ -197,11 +197,20 @@ def train_steps(
     return steps_run, ema
 
 
-def finish_record(extra: dict, started: float, steps_run: int, ema, names: tuple[str, str], parameters: int) -> None:
-    """The training record's final fields (written into the checkpoint's config.json)."""
+def train_and_save(config: TrainConfig, started: float, backbone, head, tok, losses: Losses, names: tuple[str, str],
+                   extra: dict, parameters: int, out_dir: Path, writer: Callable) -> None:  # fmt: skip
+    """train_steps with checkpoints to out_dir, then the training record's final fields (written
+    into the checkpoint's config.json) and the final checkpoint."""
+
+    def save():
+        save_checkpoint(out_dir, backbone, head, tok, extra, writer)
+
+    steps_run, ema = train_steps(config, started, backbone, head, losses, names, save, extra)
     extra["packedss_training"].update(
         steps_run=steps_run,
         train_minutes=round((time.time() - started) / 60, 1),
         **{f"final_{name}_loss": round(float(ema[k]), 4) if ema is not None else None for k, name in enumerate(names)},
         parameters=parameters,
     )
+    save()
+    print(f"[done] saved {out_dir} after {steps_run} steps in {(time.time() - started) / 60:.1f} min", flush=True)

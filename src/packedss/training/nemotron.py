@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from packedss.training.corpus import Sampler, build_corpus, describe_examples, encode_examples, special_ids, train_tokenizer
 from packedss.training.layouts import IGNORE, collate, nemotron_layout
-from packedss.training.loop import TrainConfig, backbone_config, finish_record, lr_at, make_sampler, save_checkpoint, seed_all, train_steps
+from packedss.training.loop import TrainConfig, backbone_config, lr_at, make_sampler, seed_all, train_and_save
 
 BLOCK_SIZE = 32  # config.json block_size of the saved model
 TRAINED_BLOCK_MAX = 17  # the largest block the layout trains on (W <= 16, B = W + 1)
@@ -110,15 +110,8 @@ def train_nemotron(config: TrainConfig, out_dir: Path, init_from: str | None = N
         df_loss = per_row[~ar_rows].mean()
         return ar_loss + config.diff_weight * df_loss, (ar_loss, df_loss), batch.tokens.shape[1]
 
-    def save():
-        save_checkpoint(out_dir, backbone, head, tok, extra, save_nemotron)
-
-    names = ("ar", "diff")
-    steps_run, ema = train_steps(config, started, backbone, head, losses, names, save, extra)
-    finish_record(extra, started, steps_run, ema, names, params)
-    save()
+    train_and_save(config, started, backbone, head, tok, losses, ("ar", "diff"), extra, params, out_dir, save_nemotron)
     shutil.rmtree(tok_dir, ignore_errors=True)
-    print(f"[done] saved {out_dir} after {steps_run} steps in {(time.time() - started) / 60:.1f} min", flush=True)
 
 
 def train_proposal_lora(config: TrainConfig, base_dir: Path, out_dir: Path, base_label: str) -> None:

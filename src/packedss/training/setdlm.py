@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from packedss.training.corpus import build_corpus, describe_examples, encode_examples, special_ids, train_tokenizer
 from packedss.training.layouts import IGNORE, collate, set_layout
-from packedss.training.loop import TrainConfig, backbone_config, finish_record, make_sampler, save_checkpoint, seed_all, train_steps
+from packedss.training.loop import TrainConfig, backbone_config, make_sampler, seed_all, train_and_save
 
 SET_BASE = "none: trained from scratch by scripts/train_tiny.py --family setdlm"
 
@@ -104,11 +104,4 @@ def train_setdlm(config: TrainConfig, out_dir: Path) -> None:
         kind = torch.cat([torch.arange(int(n)) % 2 for n in read.sum(dim=1)])
         return per_row.mean(), (per_row[kind == 0].mean(), per_row[kind == 1].mean()), batch.tokens.shape[1]
 
-    def save():
-        save_checkpoint(out_dir, backbone, head, tok, extra, writer)
-
-    names = ("query", "draft")
-    steps_run, ema = train_steps(config, started, backbone, head, losses, names, save, extra)
-    finish_record(extra, started, steps_run, ema, names, params)
-    save()
-    print(f"[done] saved {out_dir} after {steps_run} steps in {(time.time() - started) / 60:.1f} min", flush=True)
+    train_and_save(config, started, backbone, head, tok, losses, ("query", "draft"), extra, params, out_dir, writer)
