@@ -6,21 +6,21 @@ its modules. See docs/schedules.md for the schedules and their row formulas."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from packedss.decoding import (
-    ANYORDER_SCHEDULES,
-    LTR_SCHEDULES,
+    ANYORDER_DECODERS,
+    LTR_DECODERS,
     ORDERS,
     AnyOrderSettings,
     CallModel,
     DecodeSettings,
     Decoded,
+    Decoder,
     LTRSettings,
     StopCheck,
-    decode_anyorder,
-    decode_ltr,
+    drive,
 )
 from packedss.errors import PackedSSError
 
@@ -28,23 +28,46 @@ from packedss.errors import PackedSSError
 @dataclass(frozen=True)
 class Family:
     name: str
-    schedules: tuple[str, ...]
+    # The family's schedules: each class carries its name, calls per iteration, largest call and
+    # rows formula (packedss.decoding.Decoder).
+    decoders: tuple[type[Decoder], ...]
     # Verification orders the family can run; () when it has none (the order setting must stay unset).
     orders: tuple[str, ...]
-    # Model calls per decoding iteration after prefill, by schedule (nfe = 1 + calls * iterations).
-    calls_per_iteration: Mapping[str, int]
     # B = rows of one draft block for a speculative width W.
     block_of_width: Callable[[int], int]
     settings_type: type[DecodeSettings]
     # (schedule, options, largest block of the checkpoint) -> the family's own settings fields;
     # options: the run's pad_verify, order (None: the family's first), native_window (None: default).
     settings_fields: Callable[[str, Mapping, int | None], dict]
-    decode: Callable[[CallModel, Sequence[int], DecodeSettings, StopCheck | None], Decoded]
     # (checkpoint directory, torch device, dtype name) -> a CallModel with eos_token_ids.
     load_adapter: Callable[[Path, object, str], CallModel]
     # config.json of a checkpoint -> the largest block its drafter holds (None: not stated).
     max_block: Callable[[dict], int | None]
-    lossy_schedules: frozenset[str] = field(default_factory=frozenset)
+
+    @property
+    def schedules(self) -> tuple[str, ...]:
+        return tuple(decoder.name for decoder in self.decoders)
+
+    @property
+    def lossy_schedules(self) -> frozenset[str]:
+        return frozenset(decoder.name for decoder in self.decoders if decoder.lossy)
+
+    @property
+    def calls_per_iteration(self) -> dict[str, int]:
+        return {decoder.name: decoder.calls_per_iteration for decoder in self.decoders}
+
+    def schedule(self, name: str) -> type[Decoder]:
+        for decoder in self.decoders:
+            if decoder.name == name:
+                return decoder
+        raise PackedSSError(
+            f"invalid schedule={name!r} for the {self.name} family; valid choices: {', '.join(self.schedules)}"
+        )
+
+    def decode(self, model: CallModel, prompt: Sequence[int], settings: DecodeSettings,
+               stop_check: StopCheck | None = None) -> Decoded:  # fmt: skip
+        """Decode one response with the settings' schedule."""
+        return drive(model, prompt, settings, stop_check, self.schedule(settings.schedule))
 
     def largest_width(self, max_block: int) -> int:
         """The largest W whose block fits a drafter of `max_block` rows (0: none does)."""
@@ -73,7 +96,7 @@ def _setdlm_settings(schedule: str, options: Mapping, max_block: int | None) -> 
     fields = {"order": options.get("order") or ORDERS[0]}
     if schedule == "native" and (options.get("native_window") or max_block):
         # The released native sampler runs a window of half the checkpoint's smax (4 on smax8, 8 on smax16).
-        fields["width"] = options.get("native_window") or max(1, max_block // 2)
+        fields["native_window"] = options.get("native_window") or max(1, max_block // 2)
     return fields
 
 
@@ -93,13 +116,11 @@ def register_family(family: Family) -> Family:
 register_family(
     Family(
         name="nemotron",
-        schedules=LTR_SCHEDULES,
+        decoders=LTR_DECODERS,
         orders=(),
-        calls_per_iteration={"ar": 1, "linear": 2, "quadratic": 1, "packed": 1},
         block_of_width=lambda width: width + 1,
         settings_type=LTRSettings,
         settings_fields=lambda schedule, options, max_block: {"pad_verify": bool(options.get("pad_verify", True))},
-        decode=decode_ltr,
         load_adapter=_load_nemotron,
         max_block=_nemotron_block,
     )
@@ -107,16 +128,13 @@ register_family(
 register_family(
     Family(
         name="setdlm",
-        schedules=ANYORDER_SCHEDULES,
+        decoders=ANYORDER_DECODERS,
         orders=ORDERS,
-        calls_per_iteration={"ar": 1, "linear": 2, "quadratic": 1, "packed": 1, "native": 1},
         block_of_width=lambda width: width,
         settings_type=AnyOrderSettings,
         settings_fields=_setdlm_settings,
-        decode=decode_anyorder,
         load_adapter=_load_setdlm,
         max_block=_setdlm_window,
-        lossy_schedules=frozenset({"native"}),
     )
 )
 

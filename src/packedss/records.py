@@ -1,6 +1,7 @@
 """JSONL records (docs/records.md): one line per response (question, sample, repeat) of one
 configuration, appended, flushed and fsynced as soon as the response finishes. Resume skips the
-recorded (question_id, sample, repeat) keys of the same config hash; a torn last line (a crash
+recorded (question_id, sample, repeat) keys of the same config hash (the file's path and the
+hash come from the job's identity, packedss.job); a torn last line (a crash
 mid-write) is detected and cut off; an exclusive lock keeps two writers off one file. This module
 is the only reader and writer of record files: regrading rewrites them through `rewrite_records`."""
 
@@ -17,11 +18,10 @@ from pathlib import Path
 
 from packedss.errors import PackedSSError
 from packedss.families import FAMILIES
+from packedss.job import IDENTITY_FIELDS as JOB_IDENTITY_FIELDS
 
-IDENTITY_FIELDS = (
-    "model", "family", "task", "task_config", "schedule", "width", "block", "temperature", "verify", "order",
-    "seed", "sample", "repeat", "config_hash", "code_version", "device", "dtype", "versions", "question_id",
-)  # fmt: skip
+# The job's identity (packedss.job), how it was run, and which response of the job a record is.
+IDENTITY_FIELDS = JOB_IDENTITY_FIELDS + ("config_hash", "code_version", "versions", "question_id", "sample", "repeat")
 OUTPUT_FIELDS = ("prompt_tokens", "output_tokens", "output_text", "finish_reason", "output_hash")
 COST_FIELDS = (
     "nfe_total", "nfe_prefill", "iterations", "accepted", "rows_evaluated", "rows_useful",
@@ -31,23 +31,6 @@ TIME_FIELDS = ("wall_s", "model_s", "nonmodel_s")
 SCORE_FIELDS = ("extracted_answer", "correct", "grader")
 RECORD_FIELDS = IDENTITY_FIELDS + OUTPUT_FIELDS + COST_FIELDS + TIME_FIELDS + SCORE_FIELDS
 FINISH_REASONS = ("eos", "max_tokens", "stop")
-
-
-def record_path(out_dir, model, task, schedule, width, temperature, verify, order, seed) -> Path:
-    """<out_dir>/<model>/<task>/<schedule>-W<width>-T<temperature>[-<verify>][-<order>]-s<seed>.jsonl
-    (verify only when T > 0, order only for the any-order family)."""
-    name = f"{schedule}-W{width}-T{temperature:g}"
-    if temperature > 0:
-        name += f"-{verify}"
-    if order:
-        name += f"-{order}"
-    return Path(out_dir) / model / task / f"{name}-s{seed}.jsonl"
-
-
-def config_hash(identity: dict) -> str:
-    """A short, stable hash of everything that determines a job's outputs."""
-    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
 def output_hash(token_ids: list[int]) -> str:

@@ -1,12 +1,11 @@
-"""One job = (model, task, schedule, width, temperature, verify, order, seed): decode the task's
-questions with the shared core (samples x repeats responses each), grade each output, append one
-record per response. What differs between model families comes from the family table.
+"""One job (its identity: packedss.job.JobSpec): decode the task's questions with the shared core
+(samples x repeats responses each), grade each output, append one record per response. What
+differs between model families comes from the family table.
 
 Everything that can be wrong with the input is checked before the record file is created."""
 
 from __future__ import annotations
 
-import dataclasses
 import platform
 import subprocess
 import sys
@@ -19,17 +18,18 @@ from tqdm import tqdm
 
 import packedss
 from packedss.errors import PackedSSError
-from packedss.config import resolved_order, validate, validate_width
-from packedss.decoding import GREEDY, Sampling
+from packedss.config import validate, validate_width
+from packedss.decoding import Sampling
 from packedss.decoding.verify import question_seed
 from packedss.families import family_named
+from packedss.job import job_spec, task_config_for
 from packedss.models import load_model, resolve_path, select_checkpoint
 from packedss.models.checkpoint import read_config
-from packedss.models.static import end_warmup, enable_static, largest_call_rows, static_capacity
+from packedss.models.static import end_warmup, enable_static, static_capacity
 from packedss.paths import PROJECT_ROOT
 from packedss.preemption import SignalGuard
-from packedss.records import RecordWriter, config_hash, output_hash, record_path
-from packedss.tasks import Task, config_from_dict, load_task
+from packedss.records import RecordWriter, output_hash
+from packedss.tasks import Task, load_task
 from packedss.tasks.prompts import encode_prompt
 from packedss.tasks.stops import make_stop_check, output_text
 
@@ -61,6 +61,11 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def device_name(device: torch.device) -> str:
+    """"cpu", or the CUDA device's name: runs on different GPUs are different jobs."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
 def resolve_dtype_name(name: str, device: torch.device) -> str:
     if name != "auto":
         return name
@@ -75,97 +80,51 @@ def run_job(cfg) -> JobResult:
         # Small CPU models are dominated by per-op overhead; a second intra-op thread buys little
         # alone and costs up to 100x per op when the cores are shared (OpenMP spin-waits).
         torch.set_num_threads(cfg.threads if cfg.threads > 0 else 1)
-    dtype = resolve_dtype_name(cfg.dtype, device)
     checkpoint = select_checkpoint(cfg.model, cfg.checkpoint_dirs)
     model_path = resolve_path(cfg.model, checkpoint)
     max_block = family.max_block(read_config(model_path, f"model {cfg.model.name}"))
     validate_width(cfg, max_block)
     task = load_task(task_config_for(cfg), data_dir=cfg.data_dir)
+    spec = job_spec(cfg, task.cfg, device=device_name(device), dtype=resolve_dtype_name(cfg.dtype, device),
+                    threads=torch.get_num_threads(), max_block=max_block)  # fmt: skip
     questions = task.questions(cfg.limit)
-    model, tokenizer = load_model(cfg.model, family, model_path, device, dtype)
+    model, tokenizer = load_model(cfg.model, family, model_path, device, spec.dtype)
     eos_token_ids = model.eos_token_ids + end_of_turn_ids(cfg.model, tokenizer)
-
-    greedy = cfg.temperature == 0
-    verify = GREEDY if greedy else cfg.verify
-    order = resolved_order(cfg)
-    max_new_tokens = cfg.max_new_tokens or task.max_new_tokens
-    stops = task.stop_for(cfg.model.chat)
-    task_config = dataclasses.asdict(task.cfg)
-    identity = {
-        "model": cfg.model.name,
-        "model_path": str(model_path),
-        "chat": bool(cfg.model.chat),
-        "eos_token_ids": list(eos_token_ids),
-        "lora": bool(cfg.model.lora),
-        "compile": cfg.model.compile,
-        "task": task_config,
-        "schedule": cfg.schedule.name,
-        "pad_verify": bool(cfg.schedule.pad_verify),
-        "width": cfg.width,
-        "temperature": cfg.temperature,
-        "verify": verify,
-        "order": order,
-        "seed": cfg.seed,
-        "max_new_tokens": max_new_tokens,
-        "dtype": dtype,
-        "device": device.type,
-    }
-    job_hash = config_hash(identity)
-    static = {
-        "model": cfg.model.name,
-        "checkpoint": checkpoint.hub_id or str(model_path),
-        "task": task.name,
-        "task_config": task_config,
-        "schedule": cfg.schedule.name,
-        "width": cfg.width,
-        "block": family.block_of_width(cfg.width),
-        "temperature": cfg.temperature,
-        "verify": verify,
-        "order": order,
-        "seed": cfg.seed,
-        "config_hash": job_hash,
+    greedy = spec.temperature == 0
+    stops = task.stop_for(spec.chat)
+    job_fields = spec.fields() | {
+        "config_hash": spec.config_hash,
         "code_version": code_version(),
-        "device": device.type if device.type != "cuda" else torch.cuda.get_device_name(device),
-        "dtype": dtype,
         "versions": {
             "torch": torch.__version__,
             "transformers": transformers.__version__,
             "python": platform.python_version(),
         },
-        "family": family.name,
-        "pad_verify": bool(cfg.schedule.pad_verify),
-        "lora": bool(cfg.model.lora),
-        "lossy": cfg.schedule.name in family.lossy_schedules,
-        "timing": cfg.timing,
-        "compile": cfg.model.compile,
-        "max_new_tokens": max_new_tokens,
     }
-    options = {"pad_verify": cfg.schedule.pad_verify, "order": order, "native_window": cfg.native_window}
-    settings_fields = family.settings_fields(cfg.schedule.name, options, max_block)
-    if "width" in settings_fields:  # the decoder runs its own window (native), not W
-        identity["native_window"] = static["native_window"] = settings_fields["width"]
-        job_hash = static["config_hash"] = config_hash(identity)
+    decoder = family.schedule(spec.schedule)
+    settings_fields = family.settings_fields(spec.schedule, {"pad_verify": cfg.schedule.pad_verify, "order": spec.order,
+                                                             "native_window": spec.native_window}, max_block)  # fmt: skip
 
     def decode_question(question_id: str, sample: int, ids: list[int]):
         generator = None
         if not greedy:
-            generator = torch.Generator(device=device).manual_seed(question_seed(cfg.seed, question_id, sample))
+            generator = torch.Generator(device=device).manual_seed(question_seed(spec.seed, question_id, sample))
         fields = {
-            "schedule": cfg.schedule.name,
-            "width": cfg.width,
-            "max_new_tokens": max_new_tokens,
+            "schedule": spec.schedule,
+            "width": cfg.width,  # what the schedule reads of it is in the spec (LTR AR reads none)
+            "max_new_tokens": spec.max_new_tokens,
             "eos_token_ids": eos_token_ids,
-            "sampling": Sampling(temperature=cfg.temperature, rule=cfg.verify, generator=generator),
-            "timing": cfg.timing,
+            "sampling": Sampling(temperature=spec.temperature, rule=cfg.verify, generator=generator),
+            "timing": spec.timing,
         }
         return family.decode(model, ids, family.settings_type(**(fields | settings_fields)), stop_check)
 
-    decode_width = settings_fields.get("width", cfg.width)
-    budget = prompt_budget(model, max_new_tokens, largest_call_rows(cfg.schedule.name, decode_width))
+    largest_call = decoder.largest_call_rows(spec.call_width)
+    budget = prompt_budget(model, spec.max_new_tokens, largest_call)
     if budget is not None and budget < 1:
         raise PackedSSError(
-            f"max_new_tokens={max_new_tokens} and the {cfg.schedule.name} calls at width {decode_width} leave no room "
-            f"for a prompt in model {cfg.model.name}'s context; lower max_new_tokens or the width"
+            f"max_new_tokens={spec.max_new_tokens} and the {spec.schedule} calls at width {spec.call_width} leave "
+            f"no room for a prompt in model {spec.model}'s context; lower max_new_tokens or the width"
         )
 
     def prompt_ids(question) -> tuple[list[int], int]:
@@ -174,33 +133,28 @@ def run_job(cfg) -> JobResult:
         fitted = fit_prompt(ids, budget, tokenizer.bos_token_id)
         return fitted, len(ids) - len(fitted)
 
-    if cfg.model.compile != "none":
+    if spec.compile != "none":
         longest_prompt = max(len(prompt_ids(q)[0]) for q in questions)
-        capacity = static_capacity(longest_prompt, max_new_tokens, cfg.schedule.name, decode_width)
-        enable_static(model, cfg.model.compile, capacity)
+        enable_static(model, spec.compile, static_capacity(longest_prompt, spec.max_new_tokens, largest_call))
     stop_check = make_stop_check(tokenizer, stops)
-    variant = ("-nopad" if cfg.schedule.name == "packed" and not cfg.schedule.pad_verify else "") + (
-        "-lora" if cfg.model.lora else ""
-    ) + (f"-compiled-{cfg.model.compile}" if cfg.model.compile != "none" else "")
-    path = record_path(cfg.out_dir, cfg.model.name, task.name, cfg.schedule.name + variant, cfg.width,
-                       cfg.temperature, verify, order, cfg.seed)  # fmt: skip
+    path = spec.record_path(cfg.out_dir)
     existed = path.exists()
     responses = [(q, k, r) for q in questions for k in range(cfg.samples) for r in range(cfg.repeats)]
     with SignalGuard() as guard, RecordWriter(path) as writer:
-        done = writer.done_keys(job_hash)
+        done = writer.done_keys(spec.config_hash)
         pending = [(q, k, r) for q, k, r in responses if (q.question_id, k, r) not in done]
         if pending and cfg.warmup:
             first = pending[0][0]
             decode_question(first.question_id, 0, prompt_ids(first)[0])
             compile_s = end_warmup(model)  # compiled shapes are fixed from here on; none compiles while timed
             if compile_s:
-                static["compile_s"] = compile_s
+                job_fields["compile_s"] = compile_s
                 shapes = ", ".join(f"{shape}: {seconds:.1f} s" for shape, seconds in compile_s.items())
                 print(f"compiled {len(compile_s)} call shapes in the warm-up ({shapes})", file=sys.stderr)
         written = 0
         tokens_total = wall_total = 0.0
         accepted_total = iterations_total = 0
-        bar = tqdm(pending, desc=f"{cfg.model.name}/{task.name}/{cfg.schedule.name} W={cfg.width}",
+        bar = tqdm(pending, desc=f"{spec.model}/{spec.task}/{spec.schedule} W={spec.width}",
                    unit="response", disable=None if cfg.progress else True, file=sys.stderr)  # fmt: skip
         grades = {}
         for question, sample, repeat in bar:
@@ -211,7 +165,7 @@ def run_job(cfg) -> JobResult:
             if key not in grades:  # repeats time the same response again: grade it once
                 grades[key] = task.grade(question, text).record_fields(task.cfg.grader)
             record = {
-                **static,
+                **job_fields,
                 "sample": sample,
                 "repeat": repeat,
                 "question_id": question.question_id,
@@ -237,14 +191,6 @@ def run_job(cfg) -> JobResult:
     if not existed and written == 0 and path.stat().st_size == 0:
         path.unlink()
     return JobResult(path=path, written=written, skipped=len(responses) - len(pending))
-
-
-def task_config_for(cfg):
-    """The job's task config: the task's own, with the model's chat prompt for this task (the
-    released evaluation's wording) when the model lists one."""
-    task_cfg = config_from_dict(cfg.task)
-    prompt = (cfg.model.prompts or {}).get(task_cfg.name)
-    return dataclasses.replace(task_cfg, prompt_chat=prompt) if prompt else task_cfg
 
 
 def question_prompt_ids(task: Task, tokenizer, question, chat: bool) -> list[int]:

@@ -121,17 +121,14 @@ def check_job(cfg) -> Optional[str]:
 
 
 def job_identity(cfg) -> str:
-    """Two jobs with the same identity write the same records: the resolved config, with the
-    verification order and rule the job runs (an unset order is the family's default; greedy
-    runs verify by matching whatever the rule says)."""
-    from packedss.config import resolved_order
-    from packedss.decoding import GREEDY
+    """Two jobs that make the same records are one job: the same identity (packedss.job, the spec
+    built from the config alone: AR at two widths is one job), the same record file, and the same
+    selection of responses (limit, samples, repeats)."""
+    from packedss.job import configured_spec
+    from packedss.models import select_checkpoint
 
-    values = OmegaConf.to_container(cfg, resolve=True)
-    values["order"] = resolved_order(cfg)
-    if cfg.temperature == 0:
-        values["verify"] = GREEDY
-    return json.dumps(values, sort_keys=True)
+    spec = configured_spec(cfg, local_max_block(cfg, select_checkpoint(cfg.model, cfg.checkpoint_dirs)))
+    return json.dumps([str(spec.record_path(cfg.out_dir)), cfg.limit, cfg.samples, cfg.repeats])
 
 
 def compose_jobs(config_loader, master_config: DictConfig, params, grids, arguments: Sequence[str]) -> list[Job]:

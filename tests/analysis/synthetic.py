@@ -8,8 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
+from packedss.decoding import GREEDY
 from packedss.families import FAMILIES
-from packedss.records import config_hash, output_hash, record_path, validate_record
+from packedss.job import IDENTITY_FIELDS, JobSpec
+from packedss.records import output_hash, validate_record
 
 PROMPT = 40
 
@@ -68,7 +70,8 @@ def make_record(
     lora: bool = False,
     **extra,
 ) -> dict:
-    verify = "rejection" if temperature > 0 else None
+    decoder = FAMILIES[family].schedule(schedule)
+    width = width if decoder.uses_width else 0  # as the job spec normalises it (LTR AR reads no W)
     block = FAMILIES[family].block_of_width(width)
     if family == "nemotron":
         accepted = [1] * iterations if schedule == "ar" else [tokens_per_iteration] * iterations
@@ -84,17 +87,20 @@ def make_record(
     output_tokens = 1 + sum(accepted)
     model_s = call_s * nfe
     wall_s = model_s + nonmodel_s
-    identity = {
-        "model": model, "family": family, "task": task, "task_config": {"name": task}, "schedule": schedule,
-        "width": width, "block": block, "temperature": temperature, "verify": verify, "order": order, "seed": seed,
-    }  # fmt: skip
-    record = identity | {
+    spec = JobSpec(**(dict(
+        model=model, family=family, checkpoint=f"test/{model}", checkpoint_dir=None, chat=False, end_of_turn=(),
+        lora=lora, lora_path=None, device="cpu", dtype="float32", threads=1, compile="none", timing="sync",
+        warmup_decode=True, task=task, task_config={"name": task}, data_dir=None, schedule=schedule, width=width,
+        block=block, pad_verify=True if decoder.reads_pad_verify else None, native_window=None,
+        temperature=temperature, verify="rejection" if temperature > 0 else GREEDY, order=order, seed=seed,
+        max_new_tokens=256, lossy=decoder.lossy,
+    ) | {k: v for k, v in extra.items() if k in IDENTITY_FIELDS and (k != "pad_verify" or decoder.reads_pad_verify)}))  # fmt: skip
+    extra = {k: v for k, v in extra.items() if k not in IDENTITY_FIELDS}
+    record = spec.fields() | {
         "sample": sample,
         "repeat": repeat,
-        "config_hash": config_hash(identity | {"lora": lora}),
+        "config_hash": spec.config_hash,
         "code_version": "test",
-        "device": "cpu",
-        "dtype": "float32",
         "versions": {"torch": "test", "transformers": "test"},
         "question_id": f"q{question:04d}",
         "prompt_tokens": PROMPT,
@@ -117,7 +123,6 @@ def make_record(
         "extracted_answer": "1",
         "correct": correct,
         "grader": {"name": "test"},
-        "lora": lora,
     }
     record.update(extra)
     assert validate_record(record) == [], validate_record(record)
@@ -128,14 +133,8 @@ def write_records(root: Path, records: list[dict], name: str | None = None) -> l
     """Append records to their record_path files under root (or to root/name)."""
     paths = []
     for record in records:
-        path = (
-            root / name
-            if name
-            else record_path(root, record["model"], record["task"], record["schedule"], record["width"],
-                             record["temperature"], record["verify"], record["order"], record["seed"])
-        )  # fmt: skip
-        if record.get("lora"):
-            path = path.with_name(path.stem + "-lora.jsonl")
+        spec = JobSpec(**{k: record[k] for k in IDENTITY_FIELDS} | {"end_of_turn": tuple(record["end_of_turn"])})
+        path = root / name if name else spec.record_path(root)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a", encoding="utf-8") as handle:
             handle.write(json.dumps(record) + "\n")

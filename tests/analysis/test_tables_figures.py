@@ -305,9 +305,11 @@ def test_table2_measures_the_setdlm_maxima(tmp_path):
 
 
 def test_a_family_the_analysis_does_not_know_gets_a_run_summary(tmp_path, monkeypatch, capsys):
+    ar, linear = FAMILIES["nemotron"].decoders[:2]
+    toy_ar = type("ToyAR", (ar,), {"uses_width": True})
+    fast = type("Fast", (linear,), {"name": "fast", "calls_per_iteration": 3, "rows_formula": ""})
     toy = dataclasses.replace(
-        FAMILIES["nemotron"], name="toy", schedules=("ar", "fast"), orders=(),
-        calls_per_iteration={"ar": 1, "fast": 3}, block_of_width=lambda width: 2 * width,
+        FAMILIES["nemotron"], name="toy", decoders=(toy_ar, fast), orders=(), block_of_width=lambda width: 2 * width,
     )  # fmt: skip
     monkeypatch.setitem(FAMILIES, "toy", toy)
     records = [make_record(model="toy-1", family="toy", schedule=s, width=4, question=q, iterations=5) for s in ("ar", "fast") for q in range(3)]

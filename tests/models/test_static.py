@@ -13,6 +13,7 @@ from packedss.decoding import AnyOrderSettings, LTRSettings, Sampling, decode_an
 from packedss.decoding.calls import Role, causal_segment, draft_block, pack
 from packedss.decoding.schedules import packed_call, quadratic_call
 from packedss.errors import PackedSSError
+from packedss.families import FAMILIES
 from packedss.models.lora import ProposalLoRA
 from packedss.models.nemotron import load_nemotron
 from packedss.models.setdlm import load_setdlm
@@ -20,7 +21,6 @@ from packedss.models.static import (
     attention_windows,
     end_warmup,
     enable_static,
-    largest_call_rows,
     static_capacity,
     static_twin,
 )
@@ -38,6 +38,7 @@ def checkpoint(tmp_path_factory):
 def _pair(checkpoint, capacity=64):
     """(eager adapter, static adapter with compilation closed) over the same float64 weights."""
     eager = load_nemotron(checkpoint, dtype="float64")
+    LTR = FAMILIES["nemotron"].schedule(schedule)
     static = enable_static(load_nemotron(checkpoint, dtype="float64"), "default", capacity)
     end_warmup(static)
     return eager, static
@@ -90,14 +91,15 @@ def test_ltr_decodes_on_the_static_path_equal_eager_decodes(checkpoint, schedule
     eager = load_nemotron(checkpoint, dtype="float64")
     prompts = [[5, 9, 11, 30, 7], [4, 4, 12], list(range(4, 20))]
     max_new = 24
+    LTR = FAMILIES["nemotron"].schedule(schedule)
     static = enable_static(load_nemotron(checkpoint, dtype="float64"), "default",
-                           static_capacity(max(map(len, prompts)), max_new, schedule, WIDTH))  # fmt: skip
+                           static_capacity(max(map(len, prompts)), max_new, LTR.largest_call_rows(WIDTH)))  # fmt: skip
     end_warmup(static)
     settings = LTRSettings(schedule, WIDTH, max_new, (EOS_ID,), Sampling(0.0, "rejection", None))
     for prompt in prompts:
         a, b = decode_ltr(eager, prompt, settings), decode_ltr(static, prompt, settings)
         assert (b.tokens, b.rows_evaluated) == (a.tokens, a.rows_evaluated)
-        assert max(b.rows_evaluated[1:]) <= largest_call_rows(schedule, WIDTH)
+        assert max(b.rows_evaluated[1:]) == LTR.largest_call_rows(WIDTH)  # every LTR call after prefill has one size
 
 
 @pytest.mark.parametrize("schedule,order", [("ar", "confidence"), ("linear", "confidence"), ("packed", "confidence"),
@@ -106,14 +108,15 @@ def test_anyorder_decodes_on_the_static_path_equal_eager_decodes(tmp_path, sched
     directory = write_random_setdlm(tmp_path / "set", seed=2)
     eager = load_setdlm(directory, dtype="float64")
     width, max_new, prompt = 4, 16, [5, 9, 11, 7, 6]
-    capacity = static_capacity(len(prompt), max_new, schedule, width)
+    largest = FAMILIES["setdlm"].schedule(schedule).largest_call_rows(width)
+    capacity = static_capacity(len(prompt), max_new, largest)
     static = enable_static(load_setdlm(directory, dtype="float64"), "default", capacity)
     end_warmup(static)
     settings = AnyOrderSettings(schedule, width, max_new, (SET_EOS,), Sampling(0.0, "rejection", None),
                                 order=order)  # fmt: skip
     a, b = decode_anyorder(eager, prompt, settings), decode_anyorder(static, prompt, settings)
     assert (b.tokens, b.rows_evaluated) == (a.tokens, a.rows_evaluated)
-    assert max(b.rows_evaluated[1:]) <= largest_call_rows(schedule, width)
+    assert max(b.rows_evaluated[1:]) <= largest
     logits = static.run(pack([causal_segment(torch.tensor(prompt), 0)]))
     assert torch.isneginf(logits[:, static.mask_token_id]).all()  # SetDLM's rule holds on this path too
 

@@ -5,7 +5,9 @@ temperature, verification rule, LoRA, and for a family with verification orders 
 the window W and the order group. A lossy schedule (native decoding) has no order: `load` keeps
 one run of it per setting, and it is compared within the family's first order group (LTR, as
 the paper's Tables 8-9 list it), never in two groups, so each of its comparisons has exactly
-questions x samples pairs. In a family without orders (Nemotron) the schedules of a setting may
+questions x samples pairs. Runs of different configs (the `config` column of `load`: dtype,
+compile mode, output cap, ...) are never paired. A schedule that reads no W (the LTR AR target,
+recorded at W = 0) is compared with the other schedule at each of its widths. In a family without orders (Nemotron) the schedules of a setting may
 use different widths (the paper compares Packed-SS at B = 32 with Quadratic-SS at B = 8): when
 each of the two schedules has exactly one width they are compared as they are; when either has
 several widths, only equal widths are compared and the setting is labelled with its W. When
@@ -20,9 +22,10 @@ from dataclasses import dataclass
 import pandas as pd
 
 from packedss.analysis.bootstrap import N_RESAMPLES, Comparison, compare
+from packedss.families import FAMILIES
 from packedss.analysis.metrics import MODEL_SHORT, ORDER_LABELS, family_orders, per_question, task_label
 
-SETTING = ("model", "task", "temperature", "verify", "lora")
+SETTING = ("model", "task", "temperature", "verify", "lora", "config")
 ORDERED_SETTING = SETTING + ("width", "order_group")
 
 
@@ -36,6 +39,7 @@ class Pairing:
     temperature: float
     verify: str
     lora: bool
+    config: str
     width: int | None  # set when the comparison is at one width (families with orders, or split widths)
     order: str  # verification order group ("" for families without orders)
     method: str
@@ -53,6 +57,8 @@ class Pairing:
             label += f" W={self.width}"
         if self.temperature > 0 and self.verify and self.verify != "rejection":
             label += f" ({self.verify})"
+        if self.config:
+            label += f" [{self.config}]"
         return label
 
 
@@ -77,6 +83,7 @@ class Comparisons:
             & (rows["temperature"] == pairing.temperature)
             & (rows["verify"] == pairing.verify)
             & (rows["lora"] == pairing.lora)
+            & (rows["config"] == pairing.config)
             & (rows["schedule"] == schedule)
             & (rows["width"] == width)
             & (rows["order_group"] == pairing.order)
@@ -94,6 +101,7 @@ class Comparisons:
         for family, rows in frame.groupby("family", sort=False):
             ordered = bool(family_orders(family))
             keys = list(ORDERED_SETTING if ordered else SETTING)
+            width_free = {d.name for d in FAMILIES[family].decoders if not d.uses_width} if family in FAMILIES else set()
             for values, group in rows.groupby(keys, sort=True):
                 setting = dict(zip(keys, values, strict=True))
                 widths_m = sorted(group.loc[group["schedule"] == method, "width"].unique())
@@ -104,6 +112,10 @@ class Comparisons:
                     combos = [(int(setting["width"]), int(setting["width"]), int(setting["width"]))]
                 elif len(widths_m) == 1 and len(widths_b) == 1:
                     combos = [(None, int(widths_m[0]), int(widths_b[0]))]
+                elif base in width_free:
+                    combos = [(int(w), int(w), int(widths_b[0])) for w in widths_m]
+                elif method in width_free:
+                    combos = [(int(w), int(widths_m[0]), int(w)) for w in widths_b]
                 else:
                     combos = [(int(w), int(w), int(w)) for w in widths_m if w in widths_b]
                 for width, wm, wb in combos:
@@ -115,6 +127,7 @@ class Comparisons:
                             temperature=float(setting["temperature"]),
                             verify=setting["verify"],
                             lora=bool(setting["lora"]),
+                            config=setting["config"],
                             width=width,
                             order=setting.get("order_group", ""),
                             method=method,

@@ -13,6 +13,8 @@ counts a question-sample twice.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -22,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from packedss.families import FAMILIES
+from packedss.job import IDENTITY_FIELDS
 from packedss.records import RECORD_FIELDS, BadLine, read_records
 
 log = logging.getLogger(__name__)
@@ -37,11 +40,20 @@ OPTIONAL_DEFAULTS = {
     "lora_rows_selected": None,
     "lora_rows_evaluated": None,
     "call_model_s": None,
+    "native_window": None,
 }
 
-# Columns that identify one run (one configuration); a question's records within a run differ
-# only in `sample` and `repeat`.
-RUN_KEYS = ("model", "task", "schedule", "width", "temperature", "verify", "order", "seed", "family", "lora", "pad_verify")
+# The identity fields that the tables key and label rows by; a question's records within a run
+# differ only in `sample` and `repeat`.
+TABLE_KEYS = ("model", "task", "schedule", "width", "temperature", "verify", "order", "seed", "family", "lora",
+              "pad_verify", "native_window")  # fmt: skip
+# Every other field of the job's identity (packedss.job: checkpoint, dtype, compile mode, output
+# cap, ...) is summed up in the `config` column: "" where it takes one value for every run of the
+# folder with the same TABLE_KEYS, else the `field=value` pairs of the fields that differ (a
+# table shows it as a column then). So runs that differ in anything are separate rows, and a
+# comparison pairs only runs of one config.
+CONFIG_FIELDS = tuple(name for name in IDENTITY_FIELDS if name not in TABLE_KEYS + ("block", "lossy"))
+RUN_KEYS = TABLE_KEYS + ("config",)
 
 
 @dataclass
@@ -108,9 +120,10 @@ def normalise(frame: pd.DataFrame) -> pd.DataFrame:
     # ("" when absent) so that they group cleanly.
     frame["verify"] = np.where(frame["temperature"] > 0, frame["verify"].fillna("").astype(str), "")
     frame["order"] = frame["order"].fillna("").astype(str)
-    # pad_verify only changes Packed-SS: "true" / "false" there, "" for every other schedule.
-    padded = frame["pad_verify"].map(lambda v: "" if v is None or (isinstance(v, float) and np.isnan(v)) else str(bool(v)).lower())
-    frame["pad_verify"] = padded.where(frame["schedule"] == "packed", "")
+    # pad_verify: "true" / "false" where the schedule reads it (the spec records None elsewhere).
+    frame["pad_verify"] = frame["pad_verify"].map(lambda v: "" if _absent(v) else str(bool(v)).lower())
+    frame["native_window"] = frame["native_window"].map(lambda v: 0 if _absent(v) else int(v)).astype(int)
+    frame["config"] = _config_labels(frame)
     for name in ("output_tokens", "nfe_total", "nfe_prefill", "iterations"):
         frame[name] = frame[name].astype(int)
     for name in ("wall_s", "model_s", "nonmodel_s"):
@@ -120,8 +133,31 @@ def normalise(frame: pd.DataFrame) -> pd.DataFrame:
     return frame
 
 
+def _absent(value) -> bool:
+    return value is None or (isinstance(value, float) and np.isnan(value))
+
+
+def _canonical(value) -> str:
+    """A value as the config column shows it: its JSON, or a short digest of a long one (a task config)."""
+    text = json.dumps(value, sort_keys=True, default=str)
+    return text if len(text) <= 48 else "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def _config_labels(frame: pd.DataFrame) -> pd.Series:
+    """The `config` column: the CONFIG_FIELDS that differ between runs of equal TABLE_KEYS, as
+    `field=value` pairs (a field a record lacks reads as null)."""
+    values = pd.DataFrame(
+        {name: frame[name].map(_canonical) if name in frame else "null" for name in CONFIG_FIELDS}, index=frame.index
+    )
+    keyed = values.join(frame[list(TABLE_KEYS)].astype(str))
+    differing = [name for name in CONFIG_FIELDS if (keyed.groupby(list(TABLE_KEYS))[name].nunique() > 1).any()]
+    if not differing:
+        return pd.Series("", index=frame.index)
+    return values[differing].apply(lambda row: ", ".join(f"{name}={row[name]}" for name in differing), axis=1)
+
+
 def empty_frame() -> pd.DataFrame:
-    columns = list(RECORD_FIELDS) + list(OPTIONAL_DEFAULTS) + ["source", "correct_f"]
+    columns = list(RECORD_FIELDS) + list(OPTIONAL_DEFAULTS) + ["source", "correct_f", "config"]
     return pd.DataFrame({name: pd.Series(dtype=object) for name in columns})
 
 

@@ -33,6 +33,7 @@ from packedss.analysis.metrics import (
 )
 from packedss.analysis.select import (
     LABEL_OF,
+    key_labels,
     NEMOTRON,
     SETDLM,
     family_schedules,
@@ -86,13 +87,15 @@ def runs_table(pq: pd.DataFrame) -> Table:
                 "LoRA": "yes" if run["lora"] else "no",
                 "Padded": {"true": "yes", "false": "no"}.get(run["pad_verify"], ""),
                 "Seed": int(run["seed"]),
+                "Config": run["config"],
                 "Questions": len(g),
                 "Samples": int(g["samples"].max()),
                 "Repeats": int(g["repeats"].max()),
             }
             | {c.name: agg[c.name] for c in ABS_COLS}
         )
-    keys = ["Model", "Family", "Task", "Method", "W", "B", "T", "Verify", "Order", "LoRA", "Padded", "Seed", "Questions", "Samples", "Repeats"]
+    keys = ["Model", "Family", "Task", "Method", "W", "B", "T", "Verify", "Order", "LoRA", "Padded", "Seed", "Config",
+            "Questions", "Samples", "Repeats"]  # fmt: skip
     notes = [
         "One row per run (every family in the records). " + ABS_NOTE,
         "Samples: independent samples per question (T > 0), averaged per question; Repeats: timings of each response, averaged.",
@@ -101,31 +104,13 @@ def runs_table(pq: pd.DataFrame) -> Table:
     return build("runs", "Runs: one row per run in the records.", rows, keys, ABS_COLS, False, None, notes)
 
 
-# The paper's Table 2 formulas by family and schedule: (formula, rows as a function of B, the
-# family's block for width W; SetDLM's maxima take u_t = W = B and p = 1).
-ROW_FORMULAS = {
-    NEMOTRON: {
-        "ar": ("1", lambda b: 1),
-        "linear": ("2B", lambda b: 2 * b),
-        "quadratic": ("B(B+1)", lambda b: b * (b + 1)),
-        "packed": ("2B", lambda b: 2 * b),
-    },
-    SETDLM: {
-        "linear": ("p+3u_t", lambda u: 1 + 3 * u),
-        "quadratic": ("p+2u_t+u_t^2", lambda u: 1 + 2 * u + u * u),
-        "packed": ("p+3u_t", lambda u: 1 + 3 * u),
-    },
-}
-
-
 def row_formula(family: str, schedule: str, width: int) -> tuple[float, float, str]:
-    """(NFE per iteration, rows per iteration, formula) of the paper's Table 2; NaN and "-" for a
-    family or schedule the paper gives no formula for."""
-    formula = ROW_FORMULAS.get(family, {}).get(schedule)
-    if formula is None:
+    """(NFE per iteration, rows per iteration, formula) of the paper's Table 2, from the schedule's
+    own description; NaN and "-" for a family or schedule the paper gives no formula for."""
+    decoder = next((d for d in FAMILIES[family].decoders if d.name == schedule), None) if family in FAMILIES else None
+    if decoder is None or not decoder.rows_formula:
         return (math.nan, math.nan, "-")
-    text, rows = formula
-    return (FAMILIES[family].calls_per_iteration[schedule], rows(block_of(family, width)), text)
+    return (decoder.calls_per_iteration, decoder.rows_per_iteration(width), decoder.rows_formula)
 
 
 def _paper_setdlm_maximum(family: str, schedule: str, width: int) -> float:
@@ -158,6 +143,7 @@ def table2(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = Fal
             "W": width,
             "B": block_of(family, width),
             **({"Padded": labels(values)["Padded"]} if padded else {}),
+            **({"Config": values["config"]} if values.get("config") else {}),
             "NFE/iteration": calls / iterations if iterations else math.nan,
             "NFE/iteration (paper formula)": formula_nfe,
             "Max rows/iteration": float(sum(biggest)) if biggest else math.nan,
@@ -199,7 +185,7 @@ def table3(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = Fal
         agg = aggregate(g)
         names = labels(values, NEMOTRON)
         rows.append(
-            {k: names[k] for k in keys}
+            key_labels(names, keys)
             | {c: agg[c] for c in ("Tokens/s", "Wall (s)", "Total NFE", "Tokens", "Accuracy (%)")}
             | {"Rows/call": max_call_rows(g)}
         )
@@ -225,7 +211,7 @@ def table4(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = Fal
     for values, g in groups(sub, ["model", "task", "schedule"] + extra):
         agg = aggregate(g)
         names = labels(values, NEMOTRON)
-        rows.append({k: names[k] for k in keys} | {k: agg[k] for k in ("Tokens", "Total NFE", "Model (s)", "Non-model (s)", "Wall (s)", "Tokens/s", "Accuracy (%)")})
+        rows.append(key_labels(names, keys) | {k: agg[k] for k in ("Tokens", "Total NFE", "Model (s)", "Non-model (s)", "Wall (s)", "Tokens/s", "Accuracy (%)")})
     cols = [
         Col("Tokens", digits=1),
         Col("Total NFE", digits=2),
@@ -257,7 +243,7 @@ def table5(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = Fal
         lora_ms = model_ms_per_iteration(lora) if not lora.empty else math.nan
         names = labels(values, NEMOTRON)
         rows.append(
-            {k: names[k] for k in keys}
+            key_labels(names, keys)
             | {
                 "Query rows": "+".join(str(r) for r in biggest) if biggest else None,
                 "Selected": float(sum(selected)) if selected else math.nan,
@@ -296,7 +282,7 @@ def _nemotron_absolute(number: int, pq: pd.DataFrame, positive: bool, compare_pa
     for values, g in groups(sub, ["model", "task", "schedule"] + extra):
         agg = aggregate(g)
         names = labels(values, NEMOTRON)
-        rows.append({k: names[k] for k in keys} | {c.name: agg[c.name] for c in ABS_COLS})
+        rows.append(key_labels(names, keys) | {c.name: agg[c.name] for c in ABS_COLS})
     bold_within = ["Model", "Task"] + [k for k in keys if k in ("T", "Verify")]
     notes = [ABS_NOTE + " Bold: highest tokens/s within each model and task."]
     if positive:
@@ -325,7 +311,7 @@ def _setdlm_table(number: int, pq: pd.DataFrame, compare_paper: bool, orders: tu
     for values, g in groups(sub, by):
         agg = aggregate(g)
         names = labels(values, SETDLM)
-        rows.append({k: names[k] for k in keys} | {c.name: agg[c.name] for c in ABS_COLS})
+        rows.append(key_labels(names, keys) | {c.name: agg[c.name] for c in ABS_COLS})
     notes = [
         ABS_NOTE + " Native decoding is listed with LTR verification. Bold: highest tokens/s within each window"
         + (" and order." if sections else ".")

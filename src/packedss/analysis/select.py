@@ -65,9 +65,12 @@ def _sort_key(column: str, value):
 
 
 def groups(frame: pd.DataFrame, by: list[str]):
-    """(values dict, rows) for each group, in the paper's order (tasks, schedules, widths)."""
+    """(values dict, rows) for each group, in the paper's order (tasks, schedules, widths); runs
+    of different configs (load's `config`: dtype, output cap, ...) are always separate groups."""
     if frame.empty:
         return []
+    if "config" not in by and varies(frame, by, "config"):
+        by = [*by, "config"]
     out = [(dict(zip(by, values if isinstance(values, tuple) else (values,), strict=True)), g) for values, g in frame.groupby(by, sort=False)]
     out.sort(key=lambda item: tuple(_sort_key(c, item[0][c]) for c in by))
     return out
@@ -97,15 +100,23 @@ def labels(values: dict, family: str | None = None) -> dict:
         out["Padded"] = {"true": "yes", "false": "no"}.get(values["pad_verify"], "")
     if "order_group" in values:
         out["Order"] = ORDER_SECTIONS.get(values["order_group"], values["order_group"])
+    if "config" in values:
+        out["Config"] = values["config"]
     return out
 
 
-LABEL_OF = {"width": "B", "temperature": "T", "verify": "Verify", "pad_verify": "Padded"}
+def key_labels(names: dict, keys: list[str]) -> dict:
+    """The row's key columns of `labels`, and its Config where the group has one."""
+    return {k: names[k] for k in keys} | ({"Config": names["Config"]} if names.get("Config") else {})
+
+
+LABEL_OF = {"width": "B", "temperature": "T", "verify": "Verify", "pad_verify": "Padded", "config": "Config"}
 
 
 def optional_keys(frame: pd.DataFrame, within: list[str], positive: bool) -> list[str]:
     """Columns added only when they tell rows apart (several widths per schedule, several
-    temperatures or verification rules, both Packed-SS paddings)."""
+    temperatures or verification rules, both Packed-SS paddings, several configs: dtype, output
+    cap, compile mode, ...)."""
     extra = []
     if varies(frame, within, "width"):
         extra.append("width")
@@ -115,6 +126,8 @@ def optional_keys(frame: pd.DataFrame, within: list[str], positive: bool) -> lis
         extra.append("verify")
     if varies(frame, within, "pad_verify"):
         extra.append("pad_verify")
+    if varies(frame, within, "config"):
+        extra.append("config")
     return extra
 
 

@@ -116,6 +116,9 @@ def build(
     """Assemble a table from row dicts (key columns + value columns), optionally beside the
     paper's rows. `bold_within`: the key columns within which the highest Tokens/s is bold."""
     notes = list(notes or [])
+    if "Config" not in keys and any(r.get("Config") for r in rows):
+        keys = [*keys, "Config"]
+        notes.append("Config: the identity fields in which runs of otherwise equal settings differ; each is its own row.")
     rows = [dict(r, _measured=True) for r in rows]
     value_names = [c.name for c in values]
     paper_cols: list[str] = []

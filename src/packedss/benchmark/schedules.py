@@ -274,7 +274,7 @@ def run(s: BenchSettings) -> Report:
     longest = max(map(len, prompts.values()))
     models = {(EAGER, x): adapter for x in s.schedules}
     for x in s.schedules if s.compile != "none" else ():
-        capacity = static_capacity(longest, max_new, x, width_of[x])
+        capacity = static_capacity(longest, max_new, family.schedule(x).largest_call_rows(width_of[x]))
         models[(regimes[1], x)] = static_twin(adapter, s.compile, capacity)
     options = {"pad_verify": s.pad_verify, "order": s.order}
 

@@ -1,28 +1,24 @@
 """Pure decoding logic: calls, schedules, verification (no I/O, no model classes)."""
 
-from packedss.decoding.anyorder import decode_anyorder
+from packedss.decoding.anyorder import ANYORDER_DECODERS, ANYORDER_SCHEDULES, decode_anyorder
 from packedss.decoding.calls import Call, CallModel, Role
-from packedss.decoding.driver import (
-    ANYORDER_SCHEDULES,
-    LTR_SCHEDULES,
-    ORDERS,
-    AnyOrderSettings,
-    DecodeSettings,
-    LTRSettings,
-)
-from packedss.decoding.schedules import decode_ltr
+from packedss.decoding.driver import ORDERS, AnyOrderSettings, Decoder, DecodeSettings, LTRSettings, drive, schedule_named
+from packedss.decoding.schedules import LTR_DECODERS, LTR_SCHEDULES, decode_ltr
 from packedss.decoding.trace import Decoded, StopCheck
 from packedss.decoding.verify import GREEDY, VERIFY_RULES, Sampling, question_seed
 
 __all__ = [
+    "ANYORDER_DECODERS",
     "ANYORDER_SCHEDULES",
     "AnyOrderSettings",
     "Call",
     "CallModel",
     "Decoded",
+    "Decoder",
     "DecodeSettings",
     "GREEDY",
     "LTRSettings",
+    "LTR_DECODERS",
     "LTR_SCHEDULES",
     "ORDERS",
     "Role",
@@ -31,5 +27,7 @@ __all__ = [
     "VERIFY_RULES",
     "decode_anyorder",
     "decode_ltr",
+    "drive",
     "question_seed",
+    "schedule_named",
 ]

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 import torch
 
 from packedss.decoding.calls import Call, CallModel, Layout, Role, Segment, layout_of, pack
-from packedss.decoding.driver import ANYORDER_SCHEDULES, AnyOrderSettings, Decoder, drive, proposals_ahead
+from packedss.decoding.driver import AnyOrderSettings, Decoder, drive, proposals_ahead, schedule_named
 from packedss.decoding.trace import Decoded, StopCheck
 from packedss.decoding.verify import next_token, probabilities, propose, verify
 
@@ -84,6 +84,11 @@ def set_call(
     return layout.call(tokens, torch.cat([prefix_positions, clean_positions, mask_positions]))
 
 
+def _float32(value: float) -> float:
+    """`value` rounded to the nearest float32 (what a float32 tensor compares it as)."""
+    return torch.tensor(value, dtype=torch.float32).item()
+
+
 class _SetDecoder(Decoder):
     """State of one response: resolved tokens by position, the uncached resolved tokens, the
     stored drafts, the frozen confidence keys of the current block, and the per-call records.
@@ -114,7 +119,7 @@ class _SetDecoder(Decoder):
     # ----------------------------------------------------------------- window and order
     def window(self) -> list[int]:
         """U: the unresolved positions of the active window, by position."""
-        width = self.settings.width
+        width = self.settings.width if not self.lossy else self.settings.native_window or self.settings.width
         if self.settings.order == "confidence" and self.settings.schedule != "native":
             block = range(self.block_start, self.block_start + width)
             unresolved = [i for i in block if i not in self.tokens]
@@ -249,11 +254,17 @@ class _SetDecoder(Decoder):
             "drafts_accepted": self.hits,
             "call_kinds": self.kinds,
             "order": self.settings.order,
-            "lossless": self.settings.schedule != "native",
+            "lossless": not self.lossy,
         }
 
 
 class _AR(_SetDecoder):
+    name = "ar"  # a window of W positions, resolved one at a time (in confidence order: W matters)
+
+    @staticmethod
+    def largest_call_rows(width: int) -> int:
+        return width + 1  # p + u
+
     def step(self) -> bool:
         window = self.window()
         if self.starting:
@@ -266,6 +277,18 @@ class _AR(_SetDecoder):
 
 
 class _Linear(_SetDecoder):
+    name = "linear"
+    calls_per_iteration = 2
+    rows_formula = "p+3u_t"  # the paper's maxima take u_t = W and p = 1
+
+    @staticmethod
+    def largest_call_rows(width: int) -> int:
+        return 2 * width  # the verify call: u clean rows and u masks
+
+    @staticmethod
+    def rows_per_iteration(width: int) -> int:
+        return 1 + 3 * width
+
     def step(self) -> bool:
         window = self.window()
         u = len(window)
@@ -284,7 +307,17 @@ class _Linear(_SetDecoder):
 
 
 class _Packed(_SetDecoder):
+    name = "packed"
     drafts_at_prefill = True
+    rows_formula = "p+3u_t"
+
+    @staticmethod
+    def largest_call_rows(width: int) -> int:
+        return 1 + 3 * width
+
+    @staticmethod
+    def rows_per_iteration(width: int) -> int:
+        return 1 + 3 * width
 
     def step(self) -> bool:
         window = self.window()
@@ -310,7 +343,17 @@ class _Packed(_SetDecoder):
 
 
 class _Quadratic(_SetDecoder):
+    name = "quadratic"
     drafts_at_prefill = True
+    rows_formula = "p+2u_t+u_t^2"
+
+    @staticmethod
+    def largest_call_rows(width: int) -> int:
+        return 1 + 2 * width + width * width
+
+    @staticmethod
+    def rows_per_iteration(width: int) -> int:
+        return 1 + 2 * width + width * width
 
     def step(self) -> bool:
         window = self.window()
@@ -352,14 +395,25 @@ class _Quadratic(_SetDecoder):
 
 
 class _Native(_SetDecoder):
+    name = "native"
+    lossy = True
+
+    @staticmethod
+    def largest_call_rows(width: int) -> int:
+        return 2 * width  # p + u with p <= W (its own window)
+
     def resolve_confident(self, window: list[int], logits: torch.Tensor) -> bool:
         """SetDLM's own decoder: propose for every open position of the window; resolve the most
         confident proposal and every proposal at least `confidence_threshold` confident."""
         tokens, _ = propose(logits, self.settings.sampling)
         conf = self.confidences(logits, tokens)
         tokens = tokens.tolist()
-        best = max(range(len(window)), key=lambda k: (conf[k], -window[k]))
-        chosen = [k for k in range(len(window)) if k == best or conf[k] >= self.settings.confidence_threshold]
+        # As the released sampler: of equally confident proposals the rightmost position wins,
+        # and the threshold is compared in float32, where a probability of exactly float32(0.9)
+        # passes.
+        best = max(range(len(window)), key=lambda k: (conf[k], window[k]))
+        threshold = _float32(self.settings.confidence_threshold)
+        chosen = [k for k in range(len(window)) if k == best or conf[k] >= threshold]
         items = [(window[k], tokens[k]) for k in chosen]
         self.pending = items  # by position: the next call writes them in this order
         return self.resolve(items)
@@ -373,7 +427,8 @@ class _Native(_SetDecoder):
         return self.resolve_confident(window, self.run_window("native", self.pending, window))
 
 
-_DECODERS = dict(zip(ANYORDER_SCHEDULES, (_AR, _Linear, _Quadratic, _Packed, _Native)))
+ANYORDER_DECODERS: tuple[type[Decoder], ...] = (_AR, _Linear, _Quadratic, _Packed, _Native)
+ANYORDER_SCHEDULES = tuple(decoder.name for decoder in ANYORDER_DECODERS)
 
 
 def decode_anyorder(
@@ -383,4 +438,4 @@ def decode_anyorder(
     stop_check: StopCheck | None = None,
 ) -> Decoded:
     """Decode one response of a set model with the chosen any-order schedule."""
-    return drive(model, prompt, settings, stop_check, _DECODERS)
+    return drive(model, prompt, settings, stop_check, schedule_named(ANYORDER_DECODERS, settings.schedule))

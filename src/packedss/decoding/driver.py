@@ -17,16 +17,12 @@ from packedss.decoding.calls import CallModel
 from packedss.decoding.trace import Decoded, Emitter, Meter, StopCheck
 from packedss.decoding.verify import Sampling, propose
 
-LTR_SCHEDULES = ("ar", "linear", "quadratic", "packed")
-ANYORDER_SCHEDULES = ("ar", "linear", "quadratic", "packed", "native")
 ORDERS = ("ltr", "confidence")
 
 
 @dataclass(frozen=True)
 class DecodeSettings:
     """What every schedule of either family needs to decode one response."""
-
-    schedules: ClassVar[tuple[str, ...]]  # the family's schedules
 
     schedule: str
     width: int  # W
@@ -37,8 +33,6 @@ class DecodeSettings:
 
     def check(self, prompt: Sequence[int]) -> None:
         """The checks made before the first call (ValueError with the valid range)."""
-        if self.schedule not in self.schedules:
-            raise ValueError(f"unknown schedule {self.schedule!r}; valid: {self.schedules}")
         if self.width < 1:
             raise ValueError(f"width must be >= 1, got {self.width}")
         if self.max_new_tokens < 1:
@@ -49,8 +43,6 @@ class DecodeSettings:
 
 @dataclass(frozen=True)
 class LTRSettings(DecodeSettings):
-    schedules: ClassVar[tuple[str, ...]] = LTR_SCHEDULES
-
     pad_verify: bool = True  # packed: pad the verify segment to B rows (2B rows per call)
 
     @property
@@ -61,9 +53,8 @@ class LTRSettings(DecodeSettings):
 
 @dataclass(frozen=True)
 class AnyOrderSettings(DecodeSettings):
-    schedules: ClassVar[tuple[str, ...]] = ANYORDER_SCHEDULES
-
     order: str = "ltr"  # verification order: "ltr" or "confidence" (native ignores it)
+    native_window: int | None = None  # native: the window it decodes (None: W)
     confidence_threshold: float = 0.9  # native: also resolve every proposal at least this confident
 
     def check(self, prompt: Sequence[int]) -> None:
@@ -101,7 +92,28 @@ def proposals_ahead(
 class Decoder(ABC):
     """One response in progress. A schedule implements `prefill` and `step` (each returns True when
     decoding must stop) and counts in `produced` every token it emits or resolves, including
-    tokens a stop later discards."""
+    tokens a stop later discards.
+
+    The class is also the schedule's one description: its name, its calls per iteration, whether
+    it reads W, the rows of its largest call, and the paper's rows-per-iteration formula (Table 2).
+    The record checks, the tables, the plan and the static cache read them here."""
+
+    name: ClassVar[str]
+    calls_per_iteration: ClassVar[int] = 1  # model calls per iteration after prefill (nfe = 1 + calls x iterations)
+    uses_width: ClassVar[bool] = True  # False: decodes the same response at every W (LTR AR)
+    lossy: ClassVar[bool] = False  # not meant to equal the AR output (native decoding)
+    reads_pad_verify: ClassVar[bool] = False  # its calls change with the settings' pad_verify
+    rows_formula: ClassVar[str] = ""  # the paper's rows per iteration (Table 2); "" where it gives none
+
+    @staticmethod
+    @abstractmethod
+    def largest_call_rows(width: int) -> int:
+        """The most rows one call has at width W (a prefill attaches no more to the prompt)."""
+
+    @staticmethod
+    def rows_per_iteration(width: int) -> int | None:
+        """`rows_formula` evaluated at width W (None where the paper gives no formula)."""
+        return None
 
     def __init__(self, model: CallModel, prompt: Sequence[int], settings: DecodeSettings, stop_check: StopCheck | None):
         self.model = model
@@ -126,18 +138,26 @@ class Decoder(ABC):
         return {}
 
 
+def schedule_named(decoders: Sequence[type[Decoder]], name: str) -> type[Decoder]:
+    """The schedule of `decoders` called `name` (ValueError listing the valid names)."""
+    for decoder in decoders:
+        if decoder.name == name:
+            return decoder
+    raise ValueError(f"unknown schedule {name!r}; valid: {', '.join(d.name for d in decoders)}")
+
+
 def drive(
     model: CallModel,
     prompt: Sequence[int],
     settings: DecodeSettings,
     stop_check: StopCheck | None,
-    decoders: dict[str, type[Decoder]],
+    schedule: type[Decoder],
 ) -> Decoded:
-    """Decode one response on a fresh cache, dropped again however decoding ends."""
+    """Decode one response with `schedule` on a fresh cache, dropped again however decoding ends."""
     settings.check(prompt)
     model.reset()
     try:
-        decoder = decoders[settings.schedule](model, prompt, settings, stop_check)
+        decoder = schedule(model, prompt, settings, stop_check)
         accepted: list[int] = []  # tokens produced per iteration after prefill
         done = decoder.prefill()
         while not done:

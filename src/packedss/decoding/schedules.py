@@ -26,7 +26,7 @@ from packedss.decoding.calls import (
     pack,
     pad_segment,
 )
-from packedss.decoding.driver import LTR_SCHEDULES, Decoder, LTRSettings, drive, proposals_ahead
+from packedss.decoding.driver import Decoder, LTRSettings, drive, proposals_ahead, schedule_named
 from packedss.decoding.trace import Decoded, StopCheck
 from packedss.decoding.verify import last_token, next_token, propose, verify
 
@@ -144,6 +144,18 @@ class _LTRDecoder(Decoder):
 
 
 class _AR(_LTRDecoder):
+    name = "ar"
+    uses_width = False  # one row per call whatever W: every W decodes the same response
+    rows_formula = "1"
+
+    @staticmethod
+    def largest_call_rows(width: int) -> int:
+        return 1
+
+    @staticmethod
+    def rows_per_iteration(width: int) -> int:
+        return 1
+
     @functools.cached_property
     def shape(self) -> _Shape:
         return _causal_shape(1, self.model.device)
@@ -160,6 +172,18 @@ class _AR(_LTRDecoder):
 
 
 class _Linear(_LTRDecoder):
+    name = "linear"
+    calls_per_iteration = 2  # a draft call, then a verify call
+    rows_formula = "2B"
+
+    @staticmethod
+    def largest_call_rows(width: int) -> int:
+        return width + 1
+
+    @staticmethod
+    def rows_per_iteration(width: int) -> int:
+        return 2 * (width + 1)
+
     @functools.cached_property
     def draft_shape(self) -> _Shape:
         return _draft_shape(self.settings.width, self.model.mask_token_id, self.model.device)
@@ -184,6 +208,17 @@ class _Linear(_LTRDecoder):
 
 
 class _Quadratic(_LTRDecoder):
+    name = "quadratic"
+    rows_formula = "B(B+1)"
+
+    @staticmethod
+    def largest_call_rows(width: int) -> int:
+        return (width + 1) * (width + 2)
+
+    @staticmethod
+    def rows_per_iteration(width: int) -> int:
+        return (width + 1) * (width + 2)
+
     def prefill(self) -> bool:
         length, block, sampling = len(self.prompt), self.settings.block, self.settings.sampling
         device = self.model.device
@@ -210,6 +245,18 @@ class _Quadratic(_LTRDecoder):
 
 
 class _Packed(_LTRDecoder):
+    name = "packed"
+    reads_pad_verify = True
+    rows_formula = "2B"
+
+    @staticmethod
+    def largest_call_rows(width: int) -> int:
+        return 2 * (width + 1)
+
+    @staticmethod
+    def rows_per_iteration(width: int) -> int:
+        return 2 * (width + 1)
+
     def prefill(self) -> bool:
         length, width, sampling = len(self.prompt), self.settings.width, self.settings.sampling
         # Prefill with the first draft attached: the block [x_{L-1}@L-1, MASK@L..L+W-1] sees the
@@ -239,7 +286,8 @@ class _Packed(_LTRDecoder):
         return done
 
 
-_DECODERS = dict(zip(LTR_SCHEDULES, (_AR, _Linear, _Quadratic, _Packed)))
+LTR_DECODERS: tuple[type[Decoder], ...] = (_AR, _Linear, _Quadratic, _Packed)
+LTR_SCHEDULES = tuple(decoder.name for decoder in LTR_DECODERS)
 
 
 def decode_ltr(
@@ -249,4 +297,4 @@ def decode_ltr(
     stop_check: StopCheck | None = None,
 ) -> Decoded:
     """Decode one response with the chosen LTR schedule."""
-    return drive(model, prompt, settings, stop_check, _DECODERS)
+    return drive(model, prompt, settings, stop_check, schedule_named(LTR_DECODERS, settings.schedule))

@@ -57,23 +57,6 @@ WINDOWS = 4  # attention windows per call shape: the capacity, and a half, a qua
 SIGHTINGS_TO_COMPILE = 2  # a shape seen once (e.g. a rare any-order row count) is not worth a graph
 
 
-def largest_call_rows(schedule: str, width: int) -> int:
-    """The most rows one call of `schedule` at width W has, in either family: LTR (B = W + 1) AR 1,
-    Linear-SS B, Packed-SS 2B, Quadratic-SS B(B+1); any-order (u <= W unresolved, p <= 1 resolved
-    rows) AR p + u, Linear-SS 2u (verify), Packed-SS p + 3u, Quadratic-SS p + 2u + u^2, native
-    p + u with p <= W. A prefill attaches at most B rows to the prompt, never more than these."""
-    rows = {
-        "ar": width + 1,
-        "linear": max(width + 1, 2 * width),
-        "packed": max(2 * (width + 1), 3 * width + 1),
-        "quadratic": (width + 1) * (width + 2),
-        "native": 2 * width,
-    }
-    if schedule not in rows:
-        raise PackedSSError(f"no static cache size for schedule {schedule!r}; known: {', '.join(rows)}")
-    return rows[schedule]
-
-
 def attention_windows(capacity: int, count: int = WINDOWS) -> list[int]:
     """The cache widths a call attends, ascending: capacity / 2^k for k < count, rounded up to a
     multiple of 16 (at most the capacity). A call on `committed` rows attends the smallest
@@ -82,10 +65,11 @@ def attention_windows(capacity: int, count: int = WINDOWS) -> list[int]:
     return sorted({min(capacity, -(-capacity // 2**k // 16) * 16) for k in range(count)} - {0})
 
 
-def static_capacity(longest_prompt: int, max_new_tokens: int, schedule: str, width: int) -> int:
+def static_capacity(longest_prompt: int, max_new_tokens: int, largest_call_rows: int) -> int:
     """Cache rows the static path needs for a job: the longest prompt, the output cap and the
-    schedule's largest call (a call starts on at most prompt + max_new_tokens - 1 committed rows)."""
-    return longest_prompt + max_new_tokens + largest_call_rows(schedule, width)
+    schedule's largest call (`Decoder.largest_call_rows`; a call starts on at most
+    prompt + max_new_tokens - 1 committed rows)."""
+    return longest_prompt + max_new_tokens + largest_call_rows
 
 
 class _Inputs:

@@ -1,0 +1,173 @@
+"""A job's identity: every setting that can change a record's content or its timing, built once
+from the composed config (`job_spec`). It alone gives the config hash, the record fields, the
+record file path, the sweep's job key and the analysis's run key (docs/records.md).
+
+What only selects which responses are made (limit, samples, repeats) is not identity: a rerun
+with a larger limit or more samples resumes the same file. A setting that a schedule does not
+read is normalised away, so that jobs which decode the same responses have one identity: the LTR
+AR target reads no W (its width is 0, whatever `width=` says), and only Packed-SS of a family
+whose settings carry `pad_verify` reads it."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+from packedss.config import resolved_order
+from packedss.decoding import GREEDY
+from packedss.families import family_named
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    # the model
+    model: str  # the model config's name
+    family: str
+    checkpoint: str  # the hub id when the model config names one, else the local directory
+    checkpoint_dir: Optional[str]  # the local directory given (model.path or a paths file); None: the hub cache
+    chat: bool
+    end_of_turn: tuple[str, ...]
+    lora: bool
+    lora_path: Optional[str]
+    # where and how it runs
+    device: str  # "cpu", "cuda" (or the CUDA device's name once resolved), "auto" before
+    dtype: str
+    threads: int  # torch intra-op threads (0: not resolved yet)
+    compile: str
+    timing: str
+    warmup_decode: bool  # an untimed decode ran before the timed ones (warmup=true)
+    # the task
+    task: str
+    task_config: dict  # every field of the TaskConfig the job ran with
+    data_dir: Optional[str]  # the local data directory (absolute), None: the hub or the packaged data
+    # the decoding
+    schedule: str
+    width: int  # W; 0 for a schedule that reads none
+    block: int  # B of the family's rule for that width
+    pad_verify: Optional[bool]  # None where the schedule does not read it
+    native_window: Optional[int]  # the native decoder's window (native only)
+    temperature: float
+    verify: str  # "greedy" at T = 0
+    order: Optional[str]  # the verification order (an unset one is the family's first); None without orders
+    seed: int
+    max_new_tokens: int
+    lossy: bool  # the schedule is not meant to equal the AR output
+
+    @property
+    def call_width(self) -> int:
+        """The width the decoder's calls are sized by: the native decoder's window, else W."""
+        return self.native_window or self.width
+
+    def fields(self) -> dict[str, Any]:
+        """The identity as the record's fields (JSON values)."""
+        values = dataclasses.asdict(self)
+        values["end_of_turn"] = list(self.end_of_turn)
+        return values
+
+    @property
+    def config_hash(self) -> str:
+        """16 hex digits of the sha256 of the canonical JSON of the identity."""
+        canonical = json.dumps(self.fields(), sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    def record_path(self, out_dir: str | Path) -> Path:
+        """<out_dir>/<model>/<task>/<schedule>[-nopad][-lora][-W<width>]-T<temperature>[-<verify>]
+        [-<order>]-s<seed>[-compiled-<mode>]-<config hash>.jsonl: the readable parts name the
+        usual axes, and the hash makes the name unique per identity (dtype, output cap, ...)."""
+        name = self.schedule
+        if self.pad_verify is False:
+            name += "-nopad"
+        if self.lora:
+            name += "-lora"
+        if self.width:
+            name += f"-W{self.width}"
+        name += f"-T{self.temperature:g}"
+        if self.temperature > 0:
+            name += f"-{self.verify}"
+        if self.order:
+            name += f"-{self.order}"
+        name += f"-s{self.seed}"
+        if self.compile != "none":
+            name += f"-compiled-{self.compile}"
+        return Path(out_dir) / self.model / self.task / f"{name}-{self.config_hash}.jsonl"
+
+
+IDENTITY_FIELDS = tuple(f.name for f in dataclasses.fields(JobSpec))
+
+
+def job_spec(
+    cfg,
+    task_config,
+    *,
+    device: str,
+    dtype: str,
+    threads: int,
+    max_block: Optional[int],
+) -> JobSpec:
+    """The identity of the job `cfg` describes. `task_config` is its TaskConfig (the model's chat
+    prompt applied); device, dtype and threads as resolved on the machine that runs the job (the
+    sweep, which keys jobs before any runs, passes the configured values); `max_block`: the
+    largest block of the checkpoint's drafter (None when its config.json is not at hand), which
+    sets the native decoder's default window."""
+    from packedss.models import select_checkpoint
+
+    family = family_named(cfg.model.family)
+    decoder = family.schedule(cfg.schedule.name)
+    order = resolved_order(cfg)
+    options = {"pad_verify": cfg.schedule.pad_verify, "order": order, "native_window": cfg.native_window}
+    settings = family.settings_fields(cfg.schedule.name, options, max_block)
+    width = cfg.width if decoder.uses_width else 0
+    checkpoint = select_checkpoint(cfg.model, cfg.checkpoint_dirs)
+    return JobSpec(
+        model=cfg.model.name,
+        family=family.name,
+        checkpoint=checkpoint.hub_id or str(checkpoint.path),
+        checkpoint_dir=str(checkpoint.path) if checkpoint.path else None,
+        chat=bool(cfg.model.chat),
+        end_of_turn=tuple(cfg.model.end_of_turn),
+        lora=bool(cfg.model.lora),
+        lora_path=cfg.model.lora_path if cfg.model.lora else None,
+        device=device,
+        dtype=dtype,
+        threads=threads,
+        compile=cfg.model.compile,
+        timing=cfg.timing,
+        warmup_decode=bool(cfg.warmup),
+        task=task_config.name,
+        task_config=dataclasses.asdict(task_config),
+        data_dir=str(Path(cfg.data_dir).expanduser().resolve()) if cfg.data_dir else None,
+        schedule=decoder.name,
+        width=width,
+        block=family.block_of_width(width),
+        pad_verify=bool(settings["pad_verify"]) if "pad_verify" in settings and decoder.reads_pad_verify else None,
+        native_window=settings.get("native_window"),
+        temperature=float(cfg.temperature),
+        verify=GREEDY if cfg.temperature == 0 else cfg.verify,
+        order=order,
+        seed=int(cfg.seed),
+        max_new_tokens=int(cfg.max_new_tokens or task_config.max_new_tokens),
+        lossy=decoder.lossy,
+    )
+
+
+
+def task_config_for(cfg):
+    """The job's task config: the task's own, with the model's chat prompt for this task (the
+    released evaluation's wording) when the model lists one."""
+    from packedss.tasks import config_from_dict
+
+    task_cfg = config_from_dict(cfg.task)
+    prompt = (cfg.model.prompts or {}).get(task_cfg.name)
+    return dataclasses.replace(task_cfg, prompt_chat=prompt) if prompt else task_cfg
+
+
+def configured_spec(cfg, max_block: Optional[int] = None) -> JobSpec:
+    """The identity of a job from its config alone, before it runs (device, dtype and threads as
+    configured): what the sweep keys jobs by, so that two overrides that decode the same
+    responses (AR at two widths) run once."""
+    return job_spec(cfg, task_config_for(cfg), device=cfg.device, dtype=cfg.dtype, threads=cfg.threads,
+                    max_block=max_block)  # fmt: skip
