@@ -107,6 +107,7 @@ class ToySetModel:
         self.vocab = vocab
         self.mask_token_id = vocab  # outside the emitted vocabulary
         self.device = torch.device("cpu")
+        self.call_stats: dict[str, int] = {}
         self.bias = torch.randn(3, vocab + 1, generator=g, dtype=torch.float64)
         self.table = 2.5 * torch.randn(vocab + 1, vocab + 1, generator=g, dtype=torch.float64)
         self.bias[:, vocab] = float("-inf")

@@ -10,21 +10,22 @@ import time
 
 from packedss.paths import PROJECT_ROOT
 from packedss.records import read_records
-from tests.test_runner import offline_env, run_py
+from tests.test_runner import offline_env, record_file, run_py
 
 
 def test_sigterm_mid_run_then_rerun_gives_one_record_per_question(model_overrides, tmp_path):
     questions = 12
     args = [*model_overrides, "schedule=linear", "width=4", f"limit={questions}", "max_new_tokens=96",
             "warmup=false", f"out_dir={tmp_path / 'out'}"]  # fmt: skip
-    target = tmp_path / "out" / "tiny" / "arith" / "linear-W4-T0-s0.jsonl"
+    target, directory = None, tmp_path / "out" / "tiny" / "arith"
     process = subprocess.Popen(
         [sys.executable, str(PROJECT_ROOT / "run.py"), *args, f"hydra.run.dir={tmp_path}/h1"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=offline_env(tmp_path), cwd=tmp_path,
     )  # fmt: skip
     deadline = time.time() + 300
     while time.time() < deadline and process.poll() is None:
-        if target.exists() and target.read_bytes().count(b"\n") >= 2:
+        target = target or (directory.is_dir() and record_file(directory, "linear-W4-T0-s0.jsonl"))
+        if target and target.read_bytes().count(b"\n") >= 2:
             process.send_signal(signal.SIGTERM)
             break
         time.sleep(0.005)

@@ -7,7 +7,8 @@ import json
 import pytest
 
 from packedss.errors import PackedSSError
-from packedss.records import RecordWriter, read_records, record_path, repair_torn_tail, validate_record
+from packedss.job import IDENTITY_FIELDS, JobSpec
+from packedss.records import RecordWriter, read_records, repair_torn_tail, validate_record
 
 GOOD = {
     "model": "tiny", "family": "nemotron", "task": "arith", "task_config": {"name": "arith"}, "sample": 0,
@@ -18,6 +19,9 @@ GOOD = {
     "nfe_prefill": 1, "iterations": 2, "accepted": [2, 2], "rows_evaluated": [7, 6, 6], "rows_useful": [7, 5, 5],
     "draft_proposed": 2, "draft_accepted": 2, "truncated_tokens": 1, "wall_s": 0.5, "model_s": 0.4,
     "nonmodel_s": 0.1, "extracted_answer": "2", "correct": True, "grader": {"name": "numeric"},
+    "checkpoint": "assets/tiny", "checkpoint_dir": "assets/tiny", "chat": False, "end_of_turn": [], "lora": False,
+    "lora_path": None, "threads": 1, "compile": "none", "timing": "sync", "warmup_decode": True, "data_dir": None,
+    "pad_verify": True, "native_window": None, "max_new_tokens": 64, "lossy": False,
 }  # fmt: skip
 
 
@@ -44,11 +48,30 @@ def test_missing_field_is_reported():
     assert validate_record(record) == ["missing field 'output_hash'"]
 
 
+def _spec(**changes) -> JobSpec:
+    fields = {k: GOOD[k] for k in IDENTITY_FIELDS} | {"end_of_turn": ()}
+    return JobSpec(**(fields | changes))
+
+
 def test_record_path_layout(tmp_path):
-    assert record_path(tmp_path, "m", "t", "packed", 8, 0.0, "greedy", None, 3) == tmp_path / "m/t/packed-W8-T0-s3.jsonl"
-    assert record_path(tmp_path, "m", "t", "linear", 8, 1.0, "match", "confidence", 0).name == (
-        "linear-W8-T1-match-confidence-s0.jsonl"
-    )
+    spec = _spec(width=8, seed=3)
+    assert spec.record_path(tmp_path) == tmp_path / f"tiny/arith/packed-W8-T0-s3-{spec.config_hash}.jsonl"
+    sampled = _spec(schedule="linear", pad_verify=None, temperature=1.0, verify="match", order="confidence")
+    assert sampled.record_path(tmp_path).name == f"linear-W2-T1-match-confidence-s0-{sampled.config_hash}.jsonl"
+    special = _spec(pad_verify=False, lora=True, compile="default")
+    assert special.record_path(tmp_path).name.startswith("packed-nopad-lora-W2-T0-s0-compiled-default-")
+    assert _spec(schedule="ar", width=0, block=1, pad_verify=None).record_path(tmp_path).name.startswith("ar-T0-s0-")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"max_new_tokens": 16}, {"dtype": "float16"}, {"compile": "default"}, {"checkpoint": "other"}, {"device": "cuda"},
+     {"task_config": {"name": "arith", "split": "train"}}, {"native_window": 4}, {"timing": "events"}, {"threads": 2},
+     {"data_dir": "/data"}, {"chat": True}, {"warmup_decode": False}, {"lora_path": "lora"}],
+)  # fmt: skip
+def test_jobs_that_differ_in_any_identity_field_never_share_a_file(tmp_path, change):
+    assert _spec(**change).record_path(tmp_path) != _spec().record_path(tmp_path)
+    assert _spec(**change).config_hash != _spec().config_hash
 
 
 def test_torn_last_line_is_cut(tmp_path):

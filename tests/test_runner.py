@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,6 +37,22 @@ def run_py(args: list[str], tmp_path: Path, check: bool = True) -> subprocess.Co
     return result
 
 
+HASH_SUFFIX = re.compile(r"-[0-9a-f]{16}\.jsonl$")
+
+
+def readable_name(path: Path) -> str:
+    """A record file's name without its identity hash: `packed-W8-T0-s0.jsonl`."""
+    assert HASH_SUFFIX.search(path.name), path.name
+    return HASH_SUFFIX.sub(".jsonl", path.name)
+
+
+def record_file(directory: Path, readable: str) -> Path | None:
+    """The record file in `directory` whose name is `readable` plus an identity hash (None: none yet)."""
+    found = [p for p in directory.glob("*.jsonl") if HASH_SUFFIX.search(p.name) and readable_name(p) == readable]
+    assert len(found) <= 1, found
+    return found[0] if found else None
+
+
 def all_records(out_dir: Path) -> list[dict]:
     records = []
     for path in sorted(out_dir.rglob("*.jsonl")):
@@ -50,7 +67,7 @@ def test_single_job_writes_one_valid_record_per_question(model_overrides, tmp_pa
     run_py([*model_overrides, "task=arith", "schedule=packed", "width=8", "limit=5", f"out_dir={out}",
             "max_new_tokens=48"], tmp_path)  # fmt: skip
     files = list(out.rglob("*.jsonl"))
-    assert [f.relative_to(out).as_posix() for f in files] == ["tiny/arith/packed-W8-T0-s0.jsonl"]
+    assert [f.parent.relative_to(out).as_posix() + "/" + readable_name(f) for f in files] == ["tiny/arith/packed-W8-T0-s0.jsonl"]
     records = all_records(out)  # read_records validates schema and identities
     assert len(records) == 5
     assert len({r["question_id"] for r in records}) == 5
@@ -89,14 +106,15 @@ def test_kill_9_mid_run_then_rerun_loses_and_duplicates_nothing(model_overrides,
     args = [*model_overrides, "schedule=linear", "width=4", f"limit={questions}", "max_new_tokens=96", "warmup=false"]
     reference_dir, crash_dir = tmp_path / "reference", tmp_path / "crash"
     run_py([*args, f"out_dir={reference_dir}"], tmp_path)
-    target = crash_dir / "tiny" / "arith" / "linear-W4-T0-s0.jsonl"
+    target = None
     process = subprocess.Popen(
         [sys.executable, str(PROJECT_ROOT / "run.py"), *args, f"out_dir={crash_dir}", f"hydra.run.dir={tmp_path}/h2"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=offline_env(tmp_path), cwd=tmp_path,
     )  # fmt: skip
     deadline = time.time() + 300
     while time.time() < deadline and process.poll() is None:
-        if target.exists() and target.read_bytes().count(b"\n") >= 2:
+        target = target or ((crash_dir / "tiny" / "arith").is_dir() and record_file(crash_dir / "tiny" / "arith", "linear-W4-T0-s0.jsonl"))
+        if target and target.read_bytes().count(b"\n") >= 2:
             process.send_signal(signal.SIGKILL)
             break
         time.sleep(0.01)
@@ -174,8 +192,8 @@ def test_local_launcher_runs_a_two_job_sweep(model_overrides, tmp_path):
     out = tmp_path / "out"
     run_py(["-m", "hydra/launcher=local", *model_overrides, "schedule=ar,packed", "limit=2", "max_new_tokens=24",
             f"out_dir={out}"], tmp_path)  # fmt: skip
-    names = sorted(p.name for p in out.rglob("*.jsonl"))
-    assert names == ["ar-W8-T0-s0.jsonl", "packed-W8-T0-s0.jsonl"]
+    names = sorted(readable_name(p) for p in out.rglob("*.jsonl"))
+    assert names == ["ar-T0-s0.jsonl", "packed-W8-T0-s0.jsonl"]
     assert len(all_records(out)) == 4
 
 
@@ -183,7 +201,7 @@ def test_experiment_preset_runs_offline_on_the_tiny_model(model_overrides, tmp_p
     out = tmp_path / "out"
     result = run_py(["-m", "+experiment=table6", *model_overrides, "task=arith", "limit=1", "max_new_tokens=16",
                      f"out_dir={out}"], tmp_path)  # fmt: skip
-    names = sorted(p.name for p in out.rglob("*.jsonl"))
+    names = sorted(readable_name(p) for p in out.rglob("*.jsonl"))
     assert names == ["linear-W31-T0-s0.jsonl", "packed-W31-T0-s0.jsonl", "quadratic-W7-T0-s0.jsonl"], result.stdout
 
 

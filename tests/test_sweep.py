@@ -15,6 +15,7 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from packedss.errors import PackedSSError
+from tests.test_runner import readable_name, record_file
 from packedss.plan import TASK_SIZES, format_plan, main, plan, task_size
 from packedss.paths import PROJECT_ROOT
 from packedss.records import read_records
@@ -99,7 +100,7 @@ def test_a_job_that_fails_at_run_time_does_not_stop_the_sweep(tmp_path, launcher
                         "max_new_tokens=16", f"data_dir={data}", f"out_dir={out}"], tmp_path)  # fmt: skip
     assert result.returncode == 1, result.stderr[-3000:]
     for task in ("gsm8k", "arith"):
-        records, bad = read_records(out / "tiny" / task / "packed-W8-T0-s0.jsonl")
+        records, bad = read_records(record_file(out / "tiny" / task, "packed-W8-T0-s0.jsonl"))
         assert bad == [] and len(records) == 2, task
     assert not (out / "tiny" / "math500").exists()
     summary = result.stderr[result.stderr.index("1 of 3 jobs failed") :]
@@ -115,7 +116,7 @@ def test_table8_preset_runs_every_job_on_the_tiny_any_order_model(tmp_path):
     result = run_sweep(["+experiment=table8", "model=tiny-set", "limit=1", "max_new_tokens=8", f"data_dir={SHARED_DATA}",
                         f"out_dir={out}"], tmp_path)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
-    names = sorted(path.name for path in out.rglob("*.jsonl"))
+    names = sorted(readable_name(path) for path in out.rglob("*.jsonl"))
     assert names == sorted(f"{s}-W{w}-T0-ltr-s0.jsonl" for s in ("linear", "quadratic", "packed", "native") for w in (8, 16)), names
 
 

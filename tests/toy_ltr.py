@@ -20,6 +20,7 @@ class ToyLTRModel:
         self.vocab = vocab
         self.mask_token_id = vocab  # outside the predicted vocabulary
         self.device = torch.device("cpu")
+        self.call_stats: dict[str, int] = {}
         self.seed = seed
         self.agreement = agreement
         self.committed: list[tuple[int, int]] = []  # (position, token)

@@ -120,7 +120,7 @@ def run_job(cfg) -> JobResult:
         return family.decode(model, ids, family.settings_type(**(fields | settings_fields)), stop_check)
 
     largest_call = decoder.largest_call_rows(spec.call_width)
-    budget = prompt_budget(model, spec.max_new_tokens, largest_call)
+    budget = model.prompt_budget(spec.max_new_tokens, largest_call)
     if budget is not None and budget < 1:
         raise PackedSSError(
             f"max_new_tokens={spec.max_new_tokens} and the {spec.schedule} calls at width {spec.call_width} leave "
@@ -209,18 +209,6 @@ def end_of_turn_ids(model_cfg, tokenizer) -> tuple[int, ...]:
             )
         ids.append(int(token_id))
     return tuple(ids)
-
-
-def prompt_budget(model, max_new_tokens: int, call_rows: int) -> int | None:
-    """The most prompt tokens a response can take within the positions the model was trained on:
-    a SetDLM drops its oldest cache entries itself (`context`), so only its prefill call must fit;
-    a model without that must hold prompt + max_new_tokens + one call in `max_position_embeddings`.
-    None: the model states no limit."""
-    context = getattr(model, "context", None)
-    if context is not None:
-        return context - call_rows
-    positions = getattr(model.backbone.config, "max_position_embeddings", None)
-    return None if positions is None else positions - max_new_tokens - call_rows
 
 
 def fit_prompt(ids: list[int], budget: int | None, bos_token_id: int | None) -> list[int]:

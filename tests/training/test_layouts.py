@@ -37,6 +37,7 @@ class Recorder:
         self.model = model
         self.device = model.device
         self.mask_token_id = model.mask_token_id
+        self.call_stats = model.call_stats
         self.cache: list[Row] = []
         self.calls: list[tuple[list[Row], Call]] = []
 

@@ -139,6 +139,7 @@ class Replay:
 
     def __init__(self, log, device, mask_token_id):
         self.log, self.device, self.mask_token_id, self.index = log, device, mask_token_id, 0
+        self.call_stats: dict[str, int] = {}
 
     def run(self, call):
         self.index += 1

@@ -50,10 +50,15 @@ class Call:
 
 
 class CallModel(Protocol):
-    """What a schedule needs from a model. Implemented by the adapters in packedss.models."""
+    """What a schedule and its call meter need from a model. Implemented by the adapters in
+    packedss.models (whose base class, BackboneAdapter, adds what the runner and the static path
+    use) and by the tests' toy models."""
 
     device: torch.device
     mask_token_id: int
+    # The model's own statistics of its last call, by name (e.g. the proposal LoRA's rows); the
+    # meter appends each to the record's per-call list of that name. Empty when it keeps none.
+    call_stats: dict[str, int]
 
     def run(self, call: Call) -> torch.Tensor:
         """Execute the call in one forward pass; return logits (R, V). The KV of every

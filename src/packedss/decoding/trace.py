@@ -105,8 +105,7 @@ class Meter:
         self.rows_useful: list[int] = []
         self.call_model_s: list[float] = []
         self.call_stats: dict[str, list[int]] = {}  # the model's own per-call statistics, by name
-        device = getattr(model, "device", None)
-        self.cuda = timing == "events" and device is not None and torch.device(device).type == "cuda"
+        self.cuda = timing == "events" and torch.device(model.device).type == "cuda"
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self.started = time.perf_counter()
 
@@ -124,7 +123,7 @@ class Meter:
             logits = self.model.run(call)
             self.model.synchronize()
             self.call_model_s.append(time.perf_counter() - start)
-        for name, value in getattr(self.model, "call_stats", {}).items():
+        for name, value in self.model.call_stats.items():
             self.call_stats.setdefault(name, []).append(value)
         return logits
 
@@ -174,6 +173,10 @@ class RecordingModel:
         self.device = model.device
         self.mask_token_id = model.mask_token_id
         self.calls: list[tuple[Call, torch.Tensor]] = []
+
+    @property
+    def call_stats(self) -> dict[str, int]:
+        return self.model.call_stats
 
     def run(self, call: Call) -> torch.Tensor:
         logits = self.model.run(call)

@@ -21,7 +21,15 @@ from packedss.decoding.calls import Call, Role
 
 class BackboneAdapter:
     """A dual-mode model seen through calls. The same network serves AR rows and draft rows;
-    which rows are read as what is the schedule's business, not the adapter's."""
+    which rows are read as what is the schedule's business, not the adapter's.
+
+    The adapter contract: the decoding core uses the CallModel members (`device`,
+    `mask_token_id`, `call_stats`, `run`, `commit`, `reset`, `synchronize`); the runner uses
+    `eos_token_ids`, `block_size` and `prompt_budget`; the static path
+    (packedss.models.static) uses `backbone`, `head`, `static`, `proposal_lora`, `dtype`,
+    `cached_rows` and `twin`. A family's adapter subclasses this class and overrides what its
+    model does differently (SetDLM: `run` drops the oldest cache rows, `prompt_budget` its
+    context). Nothing outside packedss.models reaches into `backbone`."""
 
     def __init__(
         self,
@@ -60,6 +68,13 @@ class BackboneAdapter:
         other._pending_rows = None
         other._biases = {}
         return other
+
+    def prompt_budget(self, max_new_tokens: int, call_rows: int) -> int | None:
+        """The most prompt tokens a response can take within the positions the model was trained
+        on: prompt + max_new_tokens + its largest call of `call_rows` must fit
+        `max_position_embeddings`. None: the backbone states no limit."""
+        positions = getattr(self.backbone.config, "max_position_embeddings", None)
+        return None if positions is None else positions - max_new_tokens - call_rows
 
     @property
     def cached_rows(self) -> int:

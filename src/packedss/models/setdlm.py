@@ -93,6 +93,13 @@ class SetDLMAdapter(BackboneAdapter):
         self.window = window
         self.context = context
 
+    def prompt_budget(self, max_new_tokens: int, call_rows: int) -> int | None:
+        """The model drops its oldest cache rows itself, so only the prefill call must fit the
+        context (the base rule when the checkpoint states none)."""
+        if self.context is None:
+            return super().prompt_budget(max_new_tokens, call_rows)
+        return self.context - call_rows
+
     @torch.inference_mode()
     def run(self, call: Call) -> torch.Tensor:
         dropped = 0
