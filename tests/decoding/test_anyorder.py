@@ -272,3 +272,26 @@ def test_toy_drafts_are_accepted_sometimes_and_rejected_sometimes():
     # Linear's rank-0 draft saw exactly what its query sees (q = p), so it is always accepted;
     # rank 1 is rejected sometimes and accepted sometimes.
     assert min(hits) >= 1 and 1 in hits and 2 in hits
+
+
+# ------------------------------------------------------------------ native's rules, as the released sampler
+def _first_resolved(monkeypatch, confidences: list[float]) -> list[int]:
+    """The positions native's first call resolves when its proposals have `confidences`."""
+    from packedss.decoding import ANYORDER_DECODERS, schedule_named
+
+    native = schedule_named(ANYORDER_DECODERS, "native")
+    monkeypatch.setattr(native, "confidences", lambda self, logits, tokens: confidences[: len(tokens)])
+    chosen, resolve = [], native.resolve
+    monkeypatch.setattr(native, "resolve", lambda self, items: chosen.append([p for p, _ in items]) or resolve(self, items))
+    decode_anyorder(ToySetModel(), TOY_PROMPT, settings("native", 4, n=4))
+    return [position - len(TOY_PROMPT) for position in chosen[0]]
+
+
+def test_native_keeps_the_rightmost_of_equally_confident_proposals(monkeypatch):
+    assert _first_resolved(monkeypatch, [0.5, 0.7, 0.7, 0.2]) == [2]
+
+
+def test_native_compares_the_threshold_in_float32(monkeypatch):
+    exactly_float32_09 = torch.tensor(0.9, dtype=torch.float32).item()  # 0.8999999761..., below the float 0.9
+    assert _first_resolved(monkeypatch, [exactly_float32_09, 0.95, 0.5, 0.5]) == [0, 1]
+    assert _first_resolved(monkeypatch, [0.8999, 0.95, 0.5, 0.5]) == [1]

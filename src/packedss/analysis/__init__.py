@@ -61,11 +61,12 @@ class Results:
 
 
 def record_sources(results_dir: str | Path, extra_records=()) -> list[Path]:
-    """Where the records of an analysis come from: the results folder's records (when it exists)
-    and any further record files or folders."""
+    """Where the records of an analysis come from: the results folder's records (its `records`
+    folder, else the folder itself, when it exists) and any further record files or folders (a
+    file reached through two of them is read once)."""
     sources = [Path(p) for p in extra_records]
     own = records_dir(results_dir)
-    if own.exists() and (not sources or own != Path(results_dir)):
+    if own.exists():
         sources.insert(0, own)
     return sources
 

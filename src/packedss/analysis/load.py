@@ -139,6 +139,8 @@ def _absent(value) -> bool:
 
 def _canonical(value) -> str:
     """A value as the config column shows it: its JSON, or a short digest of a long one (a task config)."""
+    if isinstance(value, str):
+        return value
     text = json.dumps(value, sort_keys=True, default=str)
     return text if len(text) <= 48 else "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:8]
 

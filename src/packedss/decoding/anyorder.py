@@ -155,14 +155,12 @@ class _SetDecoder(Decoder):
     def run(self, kind, prefix, clean, clean_real, masks, levels, mask_real, u):
         """Build and run one call; `prefix` and `clean` are lists of (position, token), `prefix`
         is written to the cache."""
-        layout = _set_call_layout(len(prefix), tuple(clean_real), tuple(levels), tuple(mask_real), self.device)
-        rows = prefix + clean
-        tokens = [t for _, t in rows] + [self.mask] * len(masks)
-        positions = [i for i, _ in rows] + masks
-        call = layout.call(
-            torch.tensor(tokens, dtype=torch.long, device=self.device),
-            torch.tensor(positions, dtype=torch.long, device=self.device),
-        )
+        rows, written = prefix + clean, len(prefix)
+        # One host-to-device copy of the tokens and one of the positions; the call's parts are views.
+        tokens = torch.tensor([t for _, t in rows], dtype=torch.long, device=self.device)
+        positions = torch.tensor([i for i, _ in rows] + masks, dtype=torch.long, device=self.device)
+        call = set_call(tokens[:written], positions[:written], tokens[written:], positions[written : len(rows)],
+                        clean_real, positions[len(rows) :], levels, mask_real, self.mask)  # fmt: skip
         logits = self.meter.run(call)
         self.kinds.append(kind)
         self.u.append(u)

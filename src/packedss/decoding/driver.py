@@ -166,9 +166,9 @@ def drive(
             accepted.append(decoder.produced - before)
         emitter = decoder.emitter
         # Produced tokens that are not in the output: cut by a stop, or produced beyond it.
-        emitter.truncated_tokens = decoder.produced - len(emitter.tokens)
+        truncated_tokens = decoder.produced - len(emitter.tokens)
         return decoder.meter.finish(
-            emitter, len(prompt), accepted, decoder.proposed, decoder.drafted_ok, decoder.extra()
+            emitter, len(prompt), accepted, decoder.proposed, decoder.drafted_ok, truncated_tokens, decoder.extra()
         )
     finally:
         model.reset()

@@ -48,7 +48,7 @@ class Decoded:
 
 class Emitter:
     """Collects emitted tokens and applies the stops: EOS, max_new_tokens, stop strings.
-    Tokens emitted past a stop are discarded and counted in `truncated_tokens`."""
+    Tokens emitted past a stop are discarded (the driver counts them: `Decoded.truncated_tokens`)."""
 
     def __init__(self, max_new_tokens: int, eos_token_ids: Sequence[int], stop_check: StopCheck | None):
         self.max_new_tokens = max_new_tokens
@@ -56,7 +56,6 @@ class Emitter:
         self.stop_check = stop_check
         self.tokens: list[int] = []
         self.finish_reason: str | None = None
-        self.truncated_tokens = 0
 
     @property
     def done(self) -> bool:
@@ -79,7 +78,6 @@ class Emitter:
                 keep -= len(self.tokens) - cut
                 del self.tokens[cut:]
                 reason = "stop"
-        self.truncated_tokens = len(new) - keep
         self.finish_reason = reason
         return reason is not None
 
@@ -134,6 +132,7 @@ class Meter:
         accepted: list[int],
         draft_proposed: int,
         draft_accepted: int,
+        truncated_tokens: int,
         extra: dict | None = None,
     ) -> Decoded:
         if self.cuda:
@@ -155,7 +154,7 @@ class Meter:
             rows_useful=self.rows_useful,
             draft_proposed=draft_proposed,
             draft_accepted=draft_accepted,
-            truncated_tokens=emitter.truncated_tokens,
+            truncated_tokens=truncated_tokens,
             wall_s=wall_s,
             model_s=model_s,
             nonmodel_s=wall_s - model_s,

@@ -141,7 +141,7 @@ class StaticCalls:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         self.cache.early_initialization(1, heads, head_dim, self.dtype, self.device)
         self.windows = attention_windows(capacity)
-        self._caches = {width: self._window(config, width) for width in self.windows[:-1]}
+        self._caches = {columns: self._window(config, columns) for columns in self.windows[:-1]}
         self._caches[capacity] = self.cache
         # The committed length as the graph reads it; copied into every cache layer by the forward.
         self._start = torch.zeros((), dtype=torch.long, device=self.device)
@@ -181,14 +181,14 @@ class StaticCalls:
 
         return run
 
-    def _window(self, config, width: int) -> StaticCache:
-        """A StaticCache over the first `width` rows of every layer of the full cache (views: what
+    def _window(self, config, columns: int) -> StaticCache:
+        """A StaticCache over the first `columns` rows of every layer of the full cache (views: what
         a call writes through it is in the full cache) sharing its committed lengths."""
-        window = StaticCache(config=config, max_cache_len=width)
+        window = StaticCache(config=config, max_cache_len=columns)
         for layer, full in zip(window.layers, self.cache.layers):
             layer.__dict__.update(full.__dict__)
-            layer.max_cache_len = width
-            layer.keys, layer.values = full.keys[:, :, :width], full.values[:, :, :width]
+            layer.max_cache_len = columns
+            layer.keys, layer.values = full.keys[:, :, :columns], full.values[:, :, :columns]
             torch._dynamo.mark_static_address(layer.keys)
             torch._dynamo.mark_static_address(layer.values)
         return window
@@ -209,7 +209,7 @@ class StaticCalls:
             raise PackedSSError(
                 f"the static cache holds {self.capacity} rows, but this call needs {self.committed + rows} "
                 f"({self.committed} committed + {rows}); size it with static_capacity(longest prompt, "
-                "max_new_tokens, schedule, width), or use model.compile=none"
+                "max_new_tokens, the schedule's largest call), or use model.compile=none"
             )
         key = (rows, lora)
         needed = self.committed + rows
@@ -220,15 +220,15 @@ class StaticCalls:
             return self._forward(call.tokens[None], call.positions[None], mask)
         if key in self._graphs:
             self.calls["compiled"] += 1
-            width = self._compiled_window(key, needed)
-            return self._run_compiled(key + (width,), self._inputs(call.tokens, call.positions, bias, width))
+            window = self._compiled_window(key, needed)
+            return self._run_compiled(key + (window,), self._inputs(call.tokens, call.positions, bias, window))
         if self._admit(key, needed):
             started = time.perf_counter()
             try:
                 # Every window compiled now gives the same logits (the columns it adds are masked);
                 # the smallest one's are returned.
-                for width in reversed(self._graphs[key]):
-                    logits = self._run_compiled(key + (width,), self._inputs(call.tokens, call.positions, bias, width))
+                for window in reversed(self._graphs[key]):
+                    logits = self._run_compiled(key + (window,), self._inputs(call.tokens, call.positions, bias, window))
             except Exception as err:  # inductor and dynamo fail in many types
                 raise PackedSSError(
                     f"model.compile={self.mode}: torch.compile failed on the {rows}-row call ({type(err).__name__}: "
@@ -245,21 +245,21 @@ class StaticCalls:
             self.calls["padded"] += 1
             return self._run_padded(call, bias, padded)
         self.calls["eager"] += 1
-        width = min(w for w in self.windows if w >= needed)
-        return self._forward(*self._inputs(call.tokens, call.positions, bias, width))
+        window = min(w for w in self.windows if w >= needed)
+        return self._forward(*self._inputs(call.tokens, call.positions, bias, window))
 
     def _compiled_window(self, key: tuple[int, bool], needed: int) -> int:
         """The smallest window compiled for `key` that holds `needed` columns (the capacity's is
         compiled for every key), counted in window_calls."""
-        width = min(w for w in self._graphs[key] if w >= needed)
-        self.window_calls[width] += 1
-        return width
+        window = min(w for w in self._graphs[key] if w >= needed)
+        self.window_calls[window] += 1
+        return window
 
-    def _inputs(self, tokens: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor, width: int) -> tuple:
-        shape = (tokens.shape[0], width)
+    def _inputs(self, tokens: torch.Tensor, positions: torch.Tensor, bias: torch.Tensor, window: int) -> tuple:
+        shape = (tokens.shape[0], window)
         inputs = self._shapes.get(shape)
         if inputs is None:
-            inputs = self._shapes[shape] = _Inputs(shape[0], width, self.dtype, self.device)
+            inputs = self._shapes[shape] = _Inputs(shape[0], window, self.dtype, self.device)
         return inputs.fill(self.committed, tokens, positions, bias)
 
     def _padded_rows(self, rows: int, lora: bool) -> int | None:
@@ -280,8 +280,8 @@ class StaticCalls:
         rule = torch.full((rows, rows), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
         rule[: call.rows, : call.rows] = bias
         rule.diagonal()[call.rows :] = 0
-        width = self._compiled_window((rows, False), self.committed + rows)
-        return self._run_compiled((rows, False, width), self._inputs(tokens, positions, rule, width))[: call.rows]
+        window = self._compiled_window((rows, False), self.committed + rows)
+        return self._run_compiled((rows, False, window), self._inputs(tokens, positions, rule, window))[: call.rows]
 
     def _run_compiled(self, key: tuple[int, bool, int], inputs: tuple) -> torch.Tensor:
         """The logits of the graph of `key` (rows, lora, window) on `inputs` (its persistent buffers).

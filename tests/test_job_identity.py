@@ -1,0 +1,123 @@
+"""A job's identity, end to end: runs that differ in anything that can change a record write
+their own files and are their own table rows, whose figures are those of their own records; AR,
+which reads no W, is one job and one row whatever the sweep's widths."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from packedss.analysis.__main__ import main as analyse
+from packedss.records import read_records
+from tests.test_runner import readable_name, run_py
+
+
+def _files(out: Path) -> list[Path]:
+    return sorted(out.rglob("*.jsonl"))
+
+
+def _own_figures(path: Path) -> dict:
+    """Tokens/s and mean output tokens computed from one file's records alone."""
+    records, bad = read_records(path)
+    assert bad == []
+    tokens = sum(r["output_tokens"] for r in records)
+    return {"Tokens/s": tokens / sum(r["wall_s"] for r in records), "Tokens": tokens / len(records), "n": len(records)}
+
+
+def _table6(results: Path) -> pd.DataFrame:
+    assert analyse([str(results), "--tables", "6", "--n-resamples", "200"]) == 0
+    return pd.read_csv(results / "tables" / "table6.csv", keep_default_na=False)
+
+
+def _matches_own_records(table: pd.DataFrame, files: list[Path], method: str) -> None:
+    rows = table[table["Method"] == method]
+    assert len(rows) == len(files), rows
+    expected = sorted((round(f["Tokens/s"], 6), round(f["Tokens"], 6)) for f in map(_own_figures, files))
+    got = sorted((round(float(r["Tokens/s"]), 6), round(float(r["Tokens"]), 6)) for _, r in rows.iterrows())
+    assert got == pytest.approx(expected, rel=1e-3)
+
+
+def test_a_rerun_with_another_output_cap_is_its_own_file_and_row(model_overrides, tmp_path):
+    records = tmp_path / "D" / "records"
+    run_py([*model_overrides, "limit=3", f"out_dir={records}"], tmp_path)
+    run_py([*model_overrides, "limit=5", "max_new_tokens=16", f"out_dir={records}"], tmp_path)
+    files = _files(records)
+    assert len(files) == 2 and {readable_name(f) for f in files} == {"packed-W8-T0-s0.jsonl"}
+    assert sorted(_own_figures(f)["n"] for f in files) == [3, 5]
+    table = _table6(tmp_path / "D")
+    _matches_own_records(table, files, "Packed-SS")
+    assert sorted(table["Config"]) == ["max_new_tokens=128", "max_new_tokens=16"]
+
+
+def test_a_larger_limit_resumes_the_same_file(model_overrides, tmp_path):
+    out = tmp_path / "out"
+    run_py([*model_overrides, "limit=2", "max_new_tokens=16", f"out_dir={out}"], tmp_path)
+    result = run_py([*model_overrides, "limit=3", "max_new_tokens=16", f"out_dir={out}"], tmp_path)
+    (path,) = _files(out)
+    assert "1 records written, 2 already recorded" in result.stdout
+    assert len(read_records(path)[0]) == 3
+
+
+def test_float16_beside_float32_are_two_rows_not_duplicates(model_overrides, tmp_path):
+    records = tmp_path / "D" / "records"
+    for dtype in ("float32", "float16"):
+        run_py([*model_overrides, "limit=2", "max_new_tokens=16", f"dtype={dtype}", f"out_dir={records}"], tmp_path)
+    files = _files(records)
+    assert len(files) == 2
+    assert analyse([str(tmp_path / "D"), "--tables", "6", "--n-resamples", "200"]) == 0
+    table = pd.read_csv(tmp_path / "D" / "tables" / "table6.csv", keep_default_na=False)
+    _matches_own_records(table, files, "Packed-SS")
+    assert sorted(table["Config"]) == ['dtype=float16', 'dtype=float32']
+
+
+@pytest.mark.slow
+def test_compiled_beside_eager_are_two_rows(model_overrides, tmp_path):
+    records = tmp_path / "D" / "records"
+    for mode in ("none", "default"):
+        run_py([*model_overrides, "limit=2", "max_new_tokens=16", f"model.compile={mode}", f"out_dir={records}"],
+               tmp_path)  # fmt: skip
+    files = _files(records)
+    assert sorted(readable_name(f) for f in files) == ["packed-W8-T0-s0-compiled-default.jsonl", "packed-W8-T0-s0.jsonl"]
+    table = _table6(tmp_path / "D")
+    _matches_own_records(table, files, "Packed-SS")
+    assert sorted(table["Config"]) == ['compile=default', 'compile=none']
+
+
+def test_ar_is_decoded_once_and_shown_once_whatever_the_widths(model_overrides, tmp_path):
+    records = tmp_path / "D" / "records"
+    result = run_py(["-m", *model_overrides, "schedule=ar,linear,packed", "width=4,8", "limit=2", "max_new_tokens=16",
+                     f"out_dir={records}"], tmp_path)  # fmt: skip
+    names = sorted(readable_name(f) for f in _files(records))
+    assert names == ["ar-T0-s0.jsonl", "linear-W4-T0-s0.jsonl", "linear-W8-T0-s0.jsonl", "packed-W4-T0-s0.jsonl",
+                     "packed-W8-T0-s0.jsonl"], result.stdout  # fmt: skip
+    ar_records = [r for f in _files(records) if readable_name(f).startswith("ar-") for r in read_records(f)[0]]
+    assert len(ar_records) == 2 and {(r["width"], r["block"]) for r in ar_records} == {(0, 1)}
+    table = _table6(tmp_path / "D")
+    assert list(table["Method"]).count("AR") == 1
+    assert analyse([str(tmp_path / "D"), "--tables", "11", "--n-resamples", "200"]) == 0
+    paired = pd.read_csv(tmp_path / "D" / "tables" / "table11.csv", keep_default_na=False)
+    assert len(paired) > 0
+
+
+def test_analysis_reads_the_folder_and_the_extra_records(tmp_path):
+    from tests.analysis.synthetic import make_record, write_records
+
+    write_records(tmp_path / "D", [make_record(schedule="packed", question=q) for q in range(2)])
+    write_records(tmp_path / "OTHER", [make_record(schedule="linear", question=q) for q in range(2)])
+    assert analyse([str(tmp_path / "D"), "--records", str(tmp_path / "OTHER"), "--tables", "6",
+                    "--n-resamples", "200"]) == 0  # fmt: skip
+    table = pd.read_csv(tmp_path / "D" / "tables" / "table6.csv", keep_default_na=False)
+    assert sorted(table["Method"]) == ["Linear-SS", "Packed-SS"]
+
+
+def test_the_same_identity_twice_keeps_the_first_copy_and_reports_it(tmp_path, capsys):
+    from tests.analysis.synthetic import make_record, write_records
+
+    records = [make_record(question=q) for q in range(2)]
+    write_records(tmp_path / "D" / "a", records)
+    write_records(tmp_path / "D" / "b", records)
+    assert analyse([str(tmp_path / "D"), "--tables", "6", "--n-resamples", "200"]) == 0
+    assert "2 duplicate records" in capsys.readouterr().out
+    assert (tmp_path / "D" / "tables" / "table6.csv").read_text().count("Packed-SS") == 1
