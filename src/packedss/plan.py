@@ -130,39 +130,35 @@ def paper_seconds_per_response(cfg, order: Optional[str], verify: str, max_new_t
 
 
 def describe(cfg, overrides: Sequence[str]) -> PlannedJob:
-    """What one job runs, from its composed config."""
-    from packedss.config import resolved_order
-    from packedss.decoding import GREEDY
-    from packedss.families import family_named
+    """What one job runs, from its composed config and its identity (packedss.job)."""
+    from packedss.job import configured_spec
     from packedss.models import select_checkpoint
 
+    spec = configured_spec(cfg)
     checkpoint = select_checkpoint(cfg.model, cfg.checkpoint_dirs)
     if checkpoint.hub_id and checkpoint.path:
         checkpoint_label = f"{checkpoint.hub_id} @ {checkpoint.path}"
     else:
         checkpoint_label = checkpoint.label()
     n = question_count(cfg.task, cfg.limit)
-    verify = GREEDY if cfg.temperature == 0 else cfg.verify
-    order = resolved_order(cfg)
-    max_new_tokens = cfg.max_new_tokens or cfg.task.max_new_tokens
-    per_response = paper_seconds_per_response(cfg, order, verify, max_new_tokens)
+    per_response = paper_seconds_per_response(cfg, spec.order, spec.verify, spec.max_new_tokens)
     job = PlannedJob(
-        model=cfg.model.name,
+        model=spec.model,
         checkpoint=checkpoint_label,
-        task=cfg.task.name,
+        task=spec.task,
         variant=cfg.task.variant or "",
         n=n,
-        schedule=cfg.schedule.name,
-        width=cfg.width,
-        block=family_named(cfg.model.family).block_of_width(cfg.width),
-        temperature=float(cfg.temperature),
-        verify=verify,
-        order=order,
+        schedule=spec.schedule,
+        width=spec.width,
+        block=spec.block,
+        temperature=spec.temperature,
+        verify=spec.verify,
+        order=spec.order,
         samples=cfg.samples,
         repeats=cfg.repeats,
-        max_new_tokens=max_new_tokens,
-        chat=bool(cfg.model.chat),
-        lora=bool(cfg.model.lora),
+        max_new_tokens=spec.max_new_tokens,
+        chat=spec.chat,
+        lora=spec.lora,
         out_dir=str(cfg.out_dir),
         overrides=tuple(overrides),
         estimate_s=None,

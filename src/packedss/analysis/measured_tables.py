@@ -288,7 +288,7 @@ def _nemotron_absolute(number: int, pq: pd.DataFrame, positive: bool, compare_pa
     if positive:
         notes.append("Each question's samples (the paper's T = 1 protocol) are averaged before aggregation.")
     notes += speed_only_note(sub)
-    return build(number, TITLES[number], rows, keys, ABS_COLS, compare_paper, bold_within, notes)
+    return build(number, titled(number, sub), rows, keys, ABS_COLS, compare_paper, bold_within, notes)
 
 
 def table6(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = False) -> Table:
@@ -318,7 +318,7 @@ def _setdlm_table(number: int, pq: pd.DataFrame, compare_paper: bool, orders: tu
     ]
     notes += speed_only_note(sub)
     bold_within = ["Model", "Task"] + (["Order"] if sections else []) + ["Window"]
-    return build(number, TITLES[number], rows, keys, ABS_COLS, compare_paper, bold_within, notes)
+    return build(number, titled(number, sub), rows, keys, ABS_COLS, compare_paper, bold_within, notes)
 
 
 def table8(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = False) -> Table:
@@ -329,6 +329,17 @@ def table8(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = Fal
 def table9(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = False) -> Table:
     """SetDLM measurements, one section per verification order (LTR with native first), T = 0."""
     return _setdlm_table(9, pq, compare_paper, FAMILIES[SETDLM].orders)
+
+
+def titled(number: int, sub: pd.DataFrame) -> str:
+    """TITLES[number] naming the models the table holds (the paper's "Nemotron", "SetDLM" stand
+    for the family only when no record names a model)."""
+    title = TITLES[number]
+    family = "Nemotron" if "Nemotron" in title else "SetDLM"
+    if sub.empty or family not in title:
+        return title
+    models = ", ".join(model_label(m) for m in sorted(sub["model"].unique()))
+    return title.replace(f"{family} ", f"{models} ({family.lower()} family): ", 1)
 
 
 TITLES = {
