@@ -92,8 +92,14 @@ def test_ar_is_decoded_once_and_shown_once_whatever_the_widths(model_overrides, 
     names = sorted(readable_name(f) for f in _files(records))
     assert names == ["ar-T0-s0.jsonl", "linear-W4-T0-s0.jsonl", "linear-W8-T0-s0.jsonl", "packed-W4-T0-s0.jsonl",
                      "packed-W8-T0-s0.jsonl"], result.stdout  # fmt: skip
-    ar_records = [r for f in _files(records) if readable_name(f).startswith("ar-") for r in read_records(f)[0]]
-    assert len(ar_records) == 2 and {(r["width"], r["block"]) for r in ar_records} == {(0, 1)}
+    by_schedule = {}
+    for f in _files(records):
+        for record in read_records(f)[0]:
+            by_schedule.setdefault(record["schedule"], []).append(record)
+    assert len(by_schedule["ar"]) == 2 and {(r["width"], r["block"]) for r in by_schedule["ar"]} == {(0, 1)}
+    # pad_verify is identity only where the schedule reads it
+    assert {r["pad_verify"] for s in ("ar", "linear") for r in by_schedule[s]} == {None}
+    assert {r["pad_verify"] for r in by_schedule["packed"]} == {True}
     table = _table6(tmp_path / "D")
     assert list(table["Method"]).count("AR") == 1
     assert analyse([str(tmp_path / "D"), "--tables", "11", "--n-resamples", "200"]) == 0
@@ -130,3 +136,47 @@ def test_absolute_tables_name_the_models_they_hold(tmp_path):
     assert analyse([str(tmp_path / "D"), "--tables", "6", "--n-resamples", "200"]) == 0
     title = (tmp_path / "D" / "tables" / "table6.md").read_text().splitlines()[0]
     assert "Tiny (nemotron family): absolute measurements at temperature 0" in title, title
+
+
+def _results(tmp_path, records):
+    from packedss.analysis import load_results
+    from tests.analysis.synthetic import write_records
+
+    write_records(tmp_path / "R" / "records", records)
+    return load_results(tmp_path / "R", n_resamples=200)
+
+
+def test_comparisons_pair_only_runs_of_one_config(tmp_path):
+    from tests.analysis.synthetic import make_record
+
+    records = [make_record(schedule=s, question=q, dtype=d, call_s=c)
+               for s, c in (("packed", 0.01), ("linear", 0.02)) for d in ("float32", "bfloat16") for q in range(4)]  # fmt: skip
+    results = _results(tmp_path, records)
+    pairings = results.comparisons.pairings("packed", "linear")
+    assert sorted(p.config for p in pairings) == ["dtype=bfloat16", "dtype=float32"]
+    for pairing in pairings:  # each pairs 4 questions of its own dtype
+        assert set(results.comparisons.runs(pairing, "method")["dtype"]) == {pairing.config.split("=")[1]}
+        assert len(results.comparisons.runs(pairing, "base")) == 4
+    from packedss.analysis.tables import TABLES
+
+    table3 = TABLES[3].function(results.per_question, results.comparisons, False).data
+    assert len(table3) == 4 and sorted(set(table3["Config"])) == ["dtype=bfloat16", "dtype=float32"]
+
+
+def test_a_schedule_that_reads_no_width_is_compared_at_every_width(tmp_path):
+    from tests.analysis.synthetic import make_record
+
+    records = [make_record(schedule="packed", width=w, question=q) for w in (4, 8) for q in range(3)]
+    records += [make_record(schedule="ar", width=8, question=q) for q in range(3)]  # recorded at W = 0
+    results = _results(tmp_path, records)
+    pairings = results.comparisons.pairings("packed", "ar")
+    assert sorted((p.width, p.method_width, p.base_width) for p in pairings) == [(4, 4, 0), (8, 8, 0)]
+    assert all(len(results.comparisons.runs(p, "base")) == 3 for p in pairings)
+
+
+def test_a_sweep_over_limits_is_two_jobs_and_ar_over_widths_one():
+    from packedss.plan import plan
+
+    jobs = plan([["model=tiny", "schedule=ar,packed", "width=4,8", "limit=1,2"]])
+    assert sorted((j.schedule, j.width, j.n) for j in jobs) == [
+        ("ar", 0, 1), ("ar", 0, 2), ("packed", 4, 1), ("packed", 4, 2), ("packed", 8, 1), ("packed", 8, 2)]  # fmt: skip
