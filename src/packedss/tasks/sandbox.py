@@ -25,7 +25,7 @@ Guarantees (docs/sandbox.md has the details and the limits):
   (solution + tests) returned normally, and exit status 0: ``sys.exit(0)`` or
   ``os._exit(0)`` before the tests is a failure. The nonce is in no command line,
   environment, file or open descriptor of the program; its interpreter's memory holds it
-  (docs/sandbox.md §6 says what that leaves open).
+  (docs/sandbox.md §7 says what that leaves open).
 """
 
 from __future__ import annotations
