@@ -24,6 +24,8 @@ FORGE = (
 # As in test_sandbox_kernel.py: fresh copies of builtin modules bring back what the guard removed.
 REIMPORT = "if os.fork is None:\n    for _m in ('os', 'posix'):\n        sys.modules.pop(_m, None)\n    import os\n"
 FAIL = "\nassert False, 'the tests ran: nothing was forged'\n"
+# 200 long module names to preload: a config of about 160 KB
+LARGE_CONFIG_PROGRAM = "".join(f"if False:\n    import module_{i}_{'x' * 1000}\n" for i in range(200)) + "print('ran')\n"
 
 LEAKS = {
     "self_cmdline": "forge(open('/proc/self/cmdline', 'rb').read())\n",
@@ -97,7 +99,30 @@ def test_the_issue_program_is_graded_failed(mode):
     assert res.status == "failed", res
 
 
-def test_stdin_is_dev_null_after_the_config_was_read(mode):
-    program = "import os, stat, sys\nprint(repr(sys.stdin.read()), repr(os.read(0, 100)), stat.S_ISCHR(os.fstat(0).st_mode))\n"
+def test_stdin_is_dev_null_and_only_fds_0_to_2_are_open(mode):
+    program = (
+        "import os, stat, sys\n"
+        "def is_open(fd):\n    try:\n        os.fstat(fd)\n        return True\n    except OSError:\n        return False\n"
+        "print(repr(sys.stdin.read()), repr(os.read(0, 100)), stat.S_ISCHR(os.fstat(0).st_mode))\n"
+        "print([fd for fd in range(64) if is_open(fd)])\n"
+    )
     res = run_program(program, time_limit_s=LIMIT)
-    assert res.passed and res.stdout_tail.split() == ["''", "b''", "True"], res
+    assert res.passed and res.stdout_tail.splitlines() == ["'' b'' True", "[0, 1, 2]"], res
+
+
+def test_a_config_larger_than_a_pipe_buffer_arrives_whole():
+    """The config carries the names the program imports (preloaded); long ones make it larger than
+    a pipe's 64 KiB buffer, so the child reads it in several pieces."""
+    res = run_program(LARGE_CONFIG_PROGRAM, time_limit_s=LIMIT)
+    assert res.passed and res.stdout_tail == "ran\n", res
+
+
+def test_an_interpreter_that_exits_without_reading_its_config_is_a_failure(tmp_path):
+    """Writing the config to a child that closed its stdin fails (EPIPE; the config is larger
+    than the pipe's buffer, so the write is still waiting when it closes): the grade is `failed`
+    with the child's stderr, not an exception in the harness."""
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\nexec 0<&-\necho 'no config read' >&2\nexit 3\n")
+    python.chmod(0o755)
+    res = run_program(LARGE_CONFIG_PROGRAM, time_limit_s=LIMIT, python=str(python))
+    assert res.status == "failed" and res.returncode == 3 and "no config read" in res.stderr_tail, res
