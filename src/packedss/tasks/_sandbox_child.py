@@ -1,7 +1,10 @@
-"""Runs inside the sandbox process (``python -I -X utf8 _sandbox_child.py CONFIG_JSON``).
+"""Runs inside the sandbox process (``python -I -X utf8 _sandbox_child.py``, config on stdin).
 
 Started by packedss.tasks.sandbox with cwd = a fresh temporary directory, a scrubbed
-environment, stdin = /dev/null and only fds 0-2 open. Order matters:
+environment, the config JSON (success nonce included) on stdin and only fds 0-2 open.
+Order matters:
+  0. read the config to the end of stdin and put /dev/null in its place, so that the
+     nonce is in no command line, environment, file or descriptor of the program;
   1. read the program file and delete it (still privileged);
   2. import the modules the program names (plus common ones) while the interpreter's
      files are still readable (after step 5 they may not be, e.g. a pyenv under /root);
@@ -206,8 +209,19 @@ def probe(cfg):
     print(json.dumps(report))
 
 
+def _read_config():
+    """The config JSON, read to the end of stdin; /dev/null then takes stdin's place."""
+    chunks = []
+    while chunk := os.read(0, 1 << 16):
+        chunks.append(chunk)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    return json.loads(b"".join(chunks))
+
+
 def main():
-    cfg = json.loads(sys.argv[1])
+    cfg = _read_config()
     prog_path = cfg["program"]
     with open(prog_path, encoding="utf-8") as fh:
         source = fh.read()

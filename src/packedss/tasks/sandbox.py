@@ -1,9 +1,10 @@
 """Run an untrusted Python program in a separate, limited process.
 
 Guarantees (docs/sandbox.md has the details and the limits):
-- a fresh temporary working directory, deleted afterwards; stdin = /dev/null; only fds 0-2
-  inherited (close_fds); a scrubbed environment (minimal PATH, HOME/TMPDIR = the sandbox);
-  ``python -I`` (isolated mode: no PYTHON* variables, no user site, no script dir on path);
+- a fresh temporary working directory, deleted afterwards; the config arrives over stdin,
+  which the child then replaces with /dev/null; only fds 0-2 inherited (close_fds); a
+  scrubbed environment (minimal PATH, HOME/TMPDIR = the sandbox); ``python -I`` (isolated
+  mode: no PYTHON* variables, no user site, no script dir on path);
 - its own session/process group; wall-clock limit enforced by the harness (SIGKILL to the
   group and, when root, to every process of the sandbox's uid), plus RLIMIT_CPU;
 - RLIMIT_AS/RLIMIT_DATA (memory), RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE=0, RLIMIT_NPROC;
@@ -22,7 +23,9 @@ Guarantees (docs/sandbox.md has the details and the limits):
   (more kills the program) and only a short tail of each is kept;
 - success needs a random nonce that the wrapper prints only after the whole program
   (solution + tests) returned normally, and exit status 0: ``sys.exit(0)`` or
-  ``os._exit(0)`` before the tests is a failure.
+  ``os._exit(0)`` before the tests is a failure. The nonce is in no command line,
+  environment, file or open descriptor of the program; its interpreter's memory holds it
+  (docs/sandbox.md §7 says what that leaves open).
 """
 
 from __future__ import annotations
@@ -301,11 +304,13 @@ def run_program(
         }
         env = {**ENV, "HOME": tmp, "TMPDIR": tmp}
         try:
+            # the config (nonce included) travels over stdin, never the command line, which
+            # /proc/<pid>/cmdline shows; the child reads it and puts /dev/null in its place
             proc = subprocess.Popen(
-                [python, "-I", "-X", "utf8", "-B", CHILD, json.dumps(cfg)],
+                [python, "-I", "-X", "utf8", "-B", CHILD],
                 cwd=tmp,
                 env=env,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 close_fds=True,
@@ -313,6 +318,11 @@ def run_program(
             )
         except OSError as exc:
             return ExecResult("error", None, 0.0, "", f"cannot start the sandbox: {exc}", active)
+        try:
+            with proc.stdin:
+                proc.stdin.write(json.dumps(cfg).encode("utf-8"))
+        except OSError:  # the child died before reading it: its stderr says why
+            pass
         status, out, err = _communicate(proc, start + float(time_limit_s), max_output_bytes)
         if status != "running":
             _kill_all(proc, uid)
