@@ -11,6 +11,7 @@ from pathlib import Path
 
 from packedss.paths import PROJECT_ROOT
 from packedss.records import read_records
+from tests.test_runner import record_file
 
 
 def run_sweep(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
@@ -36,7 +37,7 @@ def test_a_middle_job_that_fails_in_its_own_batch_is_in_the_summary(tmp_path):
                         "max_new_tokens=16", f"data_dir={data}", f"out_dir={out}"], tmp_path)  # fmt: skip
     assert result.returncode == 1, result.stderr[-3000:]
     for task in ("gsm8k", "arith"):  # the batches after the failing one ran
-        records, bad = read_records(out / "tiny" / task / "packed-W8-T0-s0.jsonl")
+        records, bad = read_records(record_file(out / "tiny" / task, "packed-W8-T0-s0.jsonl"))
         assert bad == [] and len(records) == 2, task
     summary = result.stderr[result.stderr.index("1 of 3 jobs failed") :]
     assert "#1 model=tiny task=math500" in summary
