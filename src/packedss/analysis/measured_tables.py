@@ -26,6 +26,7 @@ from packedss.analysis.metrics import (
     model_label,
     model_ms_per_iteration,
     order_rank,
+    rates,
     schedule_label,
     schedule_rank,
     task_label,
@@ -55,12 +56,22 @@ ABS_COLS = [
     Col("Wall (s)", digits=3),
     Col("NFE", digits=2),
 ]
-ABS_NOTE = "Tokens, wall time and NFE are means per response; rates use aggregate totals."
+ABS_NOTE = "Tokens, wall time and NFE are means per response; rates use aggregate totals (pooled, the paper's averaging)."
 
 
-def runs_table(pq: pd.DataFrame) -> Table:
+RATE_COLS = [
+    Col("Tokens/NFE (per request)", digits=3),
+    Col("Tokens/s (per request)", digits=2),
+    Col("Acceptance (%)", digits=2),
+    Col("Acceptance (%) (per request)", digits=2),
+]
+
+
+def runs_table(pq: pd.DataFrame, comparisons: Comparisons) -> Table:
     """One row per run of any family: what ran (model, family, task, schedule, W, B, T, ...), how
-    many questions, samples and repeats, and the absolute measurements."""
+    many questions, samples and repeats, the absolute measurements, and the rates averaged per
+    request beside the pooled ones."""
+    responses = dict(list(comparisons.responses.groupby(list(RUN_KEYS), sort=False, dropna=False))) if not pq.empty else {}
     rows = []
     runs = [(dict(zip(RUN_KEYS, values, strict=True)), g) for values, g in pq.groupby(list(RUN_KEYS), sort=False, dropna=False)]
     runs.sort(
@@ -72,6 +83,7 @@ def runs_table(pq: pd.DataFrame) -> Table:
     )  # fmt: skip
     for run, g in runs:
         agg = aggregate(g)
+        run_rates = rates(responses[tuple(run.values())])
         rows.append(
             {
                 "Model": model_label(run["model"]),
@@ -91,14 +103,19 @@ def runs_table(pq: pd.DataFrame) -> Table:
                 "Repeats": int(g["repeats"].max()),
             }
             | {c.name: agg[c.name] for c in ABS_COLS}
+            | {f"{name} (per request)": pair[1] for name, pair in run_rates.items()}
+            | {"Acceptance (%)": run_rates["Acceptance (%)"][0]}
         )
     keys = ["Model", "Family", "Task", "Method", "W", "B", "T", "Verify", "Order", "LoRA", "Padded", "Seed", "Questions", "Samples", "Repeats"]
     notes = [
         "One row per run (every family in the records). " + ABS_NOTE,
         "Samples: independent samples per question (T > 0), averaged per question; Repeats: timings of each response, averaged.",
+        "Pooled rates (Tokens/s, Tokens/NFE, Acceptance) are aggregate totals, the paper's; '(per request)' columns are "
+        "the means of each response's own rate. Acceptance = drafts accepted / drafts verified.",
     ]
+    notes += comparisons.sign_flips()
     notes += speed_only_note(pq)
-    return build("runs", "Runs: one row per run in the records.", rows, keys, ABS_COLS, False, None, notes)
+    return build("runs", "Runs: one row per run in the records.", rows, keys, ABS_COLS + RATE_COLS, False, None, notes)
 
 
 # The paper's Table 2 formulas by family and schedule: (formula, rows as a function of B, the
