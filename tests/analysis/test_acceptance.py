@@ -223,3 +223,18 @@ def test_cli_writes_acceptance_tables_profiles_and_figures(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--figures", "A3"])
     assert "no figure a3; valid: 3, 4, 5, A1, A2" in capsys.readouterr().err
+
+
+def test_every_table_states_its_averaging(results_dir):
+    """Each table says whether its rates are pooled (aggregate totals) or per request."""
+    from packedss.analysis.tables import TABLES
+
+    results = load_results(results_dir, n_resamples=99)
+    tables = [TABLES[n].function(results.per_question, results.comparisons, False) for n in TABLES]
+    tables += [
+        runs_table(results.per_question, results.comparisons),
+        acceptance_table(acceptance_profiles(results.per_response, 99)),
+        latency_table(results.loaded.frame),
+    ]
+    for table in tables:
+        assert "pooled" in " ".join(table.notes).lower(), table.stem

@@ -185,7 +185,7 @@ def table2(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = Fal
             row["Max rows/iteration (paper)"] = _paper_setdlm_maximum(family, schedule, width)
         rows.append(row)
     notes = [
-        "Measured over every response: NFE/iteration = calls after prefill / iterations; Max rows/iteration = the "
+        "Measured over every response, pooled (aggregate totals): NFE/iteration = calls after prefill / iterations; Max rows/iteration = the "
         "most rows evaluated (padding and duplicates included) in one iteration after prefill, the calls of an "
         "iteration (Linear-SS: two) summed.",
         "Paper formulas: Nemotron 2B, B(B+1), 2B with B = W+1; SetDLM maxima p+3u_t, p+2u_t+u_t^2, p+3u_t at "
@@ -228,7 +228,7 @@ def table3(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = Fal
         Col("Tokens", digits=1),
         Col("Accuracy (%)", digits=1),
     ]
-    notes = ["Rows/call: the most input rows of any call after prefill. Wall, Total NFE, Tokens: means per response."]
+    notes = ["Rows/call: the most input rows of any call after prefill. Wall, Total NFE, Tokens: means per response; Tokens/s: aggregate totals (pooled, the paper's averaging)."]
     notes += speed_only_note(sub)
     return build(3, TITLES[3], rows, keys, cols, compare_paper, None, notes)
 
@@ -252,7 +252,7 @@ def table4(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = Fal
         Col("Tokens/s", digits=2),
         Col("Accuracy (%)", digits=2),
     ]
-    notes = ["Means per response; model and non-model time sum to the inclusive decoder wall time."]
+    notes = ["Means per response; Tokens/s: aggregate totals (pooled, the paper's averaging); model and non-model time sum to the inclusive decoder wall time."]
     if sub.empty:
         notes.append("Needs records with lora=true (the proposal-only LoRA runs).")
     notes += speed_only_note(sub)
@@ -295,7 +295,7 @@ def table5(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = Fal
     notes = [
         "Per iteration after prefill (Linear-SS: both calls). Query rows, Selected (rows receiving adapter updates) "
         "and Evaluated (rows for which they are computed): the iteration with the most rows.",
-        "Base/LoRA ms: model time per iteration = Σ model_s / Σ iterations over lora=false / lora=true records "
+        "Base/LoRA ms: model time per iteration, pooled: Σ model_s / Σ iterations over lora=false / lora=true records "
         "(prefill call included unless records carry per-call times, call_model_s).",
     ]
     if sub.empty or not sub["lora"].any():
