@@ -62,11 +62,14 @@ def _depth_counts(drafted: list[int], accepted_drafts: list[int], width: int) ->
 
 
 def _ratio_ci(numerator: np.ndarray, denominator: np.ndarray, n_resamples: int) -> CI:
-    """Σnumerator / Σdenominator over questions with its bootstrap CI; undefined (NaN, no
-    interval) when the denominator is 0 for every question."""
-    if not denominator.any():
-        return CI(math.nan, math.nan, math.nan, len(denominator), "none")
-    return paired_bootstrap(sum_ratio, (numerator, denominator.astype(float)), n_resamples)
+    """Σnumerator / Σdenominator over questions with its bootstrap CI. Only the questions with a
+    positive denominator are resampled (the others add 0 to both sums; resampling them would give
+    undefined resamples): with one of them the estimate has no interval, with none it is
+    undefined."""
+    counted = denominator > 0
+    if not counted.any():
+        return CI(math.nan, math.nan, math.nan, 0, "none")
+    return paired_bootstrap(sum_ratio, (numerator[counted], denominator[counted].astype(float)), n_resamples)
 
 
 def _ci_lists(cis: list[CI]) -> dict:

@@ -25,6 +25,8 @@ from packedss.analysis.metrics import ORDER_LABELS, model_label, schedule_colour
 
 PANEL_KEYS = ("family", "model", "task", "width", "temperature", "verify", "lora")
 ORDER_STYLES = {"confidence": "--"}
+# Markers tell overlapping curves apart (Linear-SS and Packed-SS often accept alike).
+SCHEDULE_MARKERS = {"linear": "s", "quadratic": "^", "packed": "o"}
 PANELS_PER_ROW = 4
 
 
@@ -110,11 +112,12 @@ def figure_a1(profiles: list[dict]) -> tuple[plt.Figure, pd.DataFrame, list[str]
             marginal, conditional = profile["marginal"], profile["conditional"]
             share = _values(profile["drafted_share"])
             style = _style(profile)
-            top.plot(depth, _values(marginal["estimate"]), marker="o", markersize=3, label=label, **style)
+            marker = {"marker": SCHEDULE_MARKERS.get(profile["identity"]["schedule"], "o"), "markersize": 3.5, "markerfacecolor": "none"}
+            top.plot(depth, _values(marginal["estimate"]), label=label, **marker, **style)
             top.fill_between(depth, _values(marginal["low"]), _values(marginal["high"]), color=style["color"], alpha=0.15, linewidth=0)
             if np.nanmin(share) < 1:
                 top.plot(depth, share, color=style["color"], linestyle=":", linewidth=1.2, label=f"{label}: drafted share")
-            bottom.plot(depth, _values(conditional["estimate"]), marker="o", markersize=3, label=label, **style)
+            bottom.plot(depth, _values(conditional["estimate"]), label=label, **marker, **style)
             bottom.fill_between(depth, _values(conditional["low"]), _values(conditional["high"]), color=style["color"], alpha=0.15, linewidth=0)
             for i, d in enumerate(profile["depth"]):
                 rows.append(
@@ -146,7 +149,7 @@ def figure_a2(profiles: list[dict]) -> tuple[plt.Figure, pd.DataFrame, list[str]
     layout = panels(profiles)
     fig, axes = _grid(len(layout), 1, 3.6)
     for (title, runs), (ax,) in zip(layout, axes, strict=True):
-        longest = 1
+        longest, smallest = 1, 1.0
         for label, profile in runs:
             counts = np.array(profile["emitted_histogram"], dtype=float)
             total = profile["counts"]["iterations"]
@@ -157,12 +160,15 @@ def figure_a2(profiles: list[dict]) -> tuple[plt.Figure, pd.DataFrame, list[str]
             text = f"{label}: mean {emitted['mean']:.2f}, median {emitted['median']:g}, full {100 * emitted['full_accept_share']:.0f}%"
             ax.stairs(share, np.arange(len(share) + 1) - 0.5, label=text, linewidth=1.5, **_style(profile))
             longest = max(longest, int(np.flatnonzero(counts).max()))
+            smallest = min(smallest, float(share[share > 0].min()))
             rows += [{"panel": title, "run": label, "tokens": k, "iterations": int(c), "share": c / total} for k, c in enumerate(counts)]
         ax.set_xlim(0.5, max(longest, max(p["width"] for _, p in runs) + 1) + 0.5)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("Tokens emitted in the iteration")
-        ax.set_ylabel("Share of iterations")
+        ax.set_ylabel("Share of iterations (log)")
+        ax.set_yscale("log")  # the long tail of long accepts is what differs between schedules
+        ax.set_ylim(smallest / 2, 1.3)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, frameon=True, framealpha=0.85, loc="best")
     fig.suptitle(A2_TITLE + " (full: every verified draft accepted)", fontsize=11)
