@@ -88,9 +88,9 @@ def analyse(
     """Write the requested tables (default: all, `acceptance` included) and figures (default: all)
     under `<out_dir or results_dir>/tables` and `/figures`; whenever tables are written, the per-run
     summary (`runs`, every run of every family) is written too, and with the acceptance table or
-    Figure A1 or A2 each run's `acceptance/<model>/<task>/<record file>/acceptance_profile.json`. `extra_records`: further record
-    files or folders to read besides `<results_dir>/records` (e.g. a figure drawn from several
-    tables' runs)."""
+    Figure A1 or A2 each run's `acceptance/<model>/<task>/<record file>/acceptance_profile.json`.
+    `extra_records`: further record files or folders to read besides `<results_dir>/records`
+    (e.g. a figure drawn from several tables' runs)."""
     from packedss.analysis.acceptance import acceptance_profiles, write_profiles
     from packedss.analysis.acceptance_tables import acceptance_table, latency_table
     from packedss.analysis.figures import ACCEPTANCE_FIGURES, FIGURES, make_figure, write_figure

@@ -144,7 +144,7 @@ class Comparisons:
         which a rate of `metrics.RATES` is higher for one run when pooled (aggregate totals) and
         for the other when averaged per request."""
         notes = []
-        schedules = sort_schedules(self.responses["schedule"].unique()) if not self.responses.empty else []
+        schedules = sort_schedules(self.responses["schedule"].unique())
         for k, base in enumerate(schedules):
             for method in schedules[k + 1 :]:
                 for p in self.pairings(method, base):

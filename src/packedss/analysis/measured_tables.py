@@ -71,7 +71,7 @@ def runs_table(pq: pd.DataFrame, comparisons: Comparisons) -> Table:
     """One row per run of any family: what ran (model, family, task, schedule, W, B, T, ...), how
     many questions, samples and repeats, the absolute measurements, and the rates averaged per
     request beside the pooled ones."""
-    responses = dict(list(comparisons.responses.groupby(list(RUN_KEYS), sort=False, dropna=False))) if not pq.empty else {}
+    responses = dict(list(comparisons.responses.groupby(list(RUN_KEYS), sort=False, dropna=False)))
     rows = []
     runs = [(dict(zip(RUN_KEYS, values, strict=True)), g) for values, g in pq.groupby(list(RUN_KEYS), sort=False, dropna=False)]
     runs.sort(
