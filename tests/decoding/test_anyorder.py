@@ -128,9 +128,9 @@ def test_p_is_zero_exactly_after_an_all_accepted_call(set_model, schedule, order
         for t in range(1, len(kinds) - 1):
             if kinds[t] != verifying or resolved[t] == 0:
                 continue
-            hits = out.accepted_drafts[(t - 1) // calls_per_iteration]  # the iteration this call ends
-            all_accepted = hits == u[t]  # every open position resolved by an accepted draft
-            assert resolved[t] == hits + (0 if all_accepted else 1)
+            h = out.accepted_drafts[(t - 1) // calls_per_iteration]  # the iteration this call ends
+            all_accepted = h == u[t]  # every open position resolved by an accepted draft
+            assert resolved[t] == h + (0 if all_accepted else 1)
             assert p[t + 1] == (0 if all_accepted else 1), (t, kinds[t], u[t], resolved[t], p[t + 1])
             seen_all |= all_accepted
             seen_correction |= not all_accepted
@@ -272,11 +272,11 @@ def test_broken_verifier_fails_the_same_test(exact, schedule, monkeypatch):
 
 
 def test_toy_drafts_are_accepted_sometimes_and_rejected_sometimes():
-    hits = []
+    accepted_drafts = []
     for seed in range(200):
         sampling = Sampling(1.0, "rejection", torch.Generator().manual_seed(seed))
         out = decode_anyorder(ToySetModel(), TOY_PROMPT, AnyOrderSettings("linear", 2, LENGTH, (), sampling))
-        hits += out.accepted_drafts  # every Linear-SS iteration ends in a verify call
+        accepted_drafts += out.accepted_drafts  # every Linear-SS iteration ends in a verify call
     # Linear's rank-0 draft saw exactly what its query sees (q = p), so it is always accepted;
     # rank 1 is rejected sometimes and accepted sometimes.
-    assert min(hits) >= 1 and 1 in hits and 2 in hits
+    assert min(accepted_drafts) >= 1 and 1 in accepted_drafts and 2 in accepted_drafts
