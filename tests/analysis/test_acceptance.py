@@ -59,7 +59,7 @@ def test_linear_known_process_gives_exact_values(tmp_path):
     assert p["emitted_histogram"] == [0, 1, 2, 1, 1, 2]
     assert p["emitted"] == {"mean": pytest.approx(22 / 7), "median": 3.0, "full_accept_share": pytest.approx(2 / 7)}
     assert p["counts"] == {
-        "questions": 2, "responses": 2, "iterations": 7, "drafts_verified": 28, "drafts_accepted": 15,
+        "questions": 2, "responses": 2, "iterations": 7, "draft_proposed": 28, "draft_accepted": 15,
         "tokens_emitted": 22, "full_accepts": 2, "output_tokens": 24, "truncated_tokens": 0,
     }  # fmt: skip
     for curve in (p["marginal"], p["conditional"]):

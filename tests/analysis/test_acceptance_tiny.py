@@ -43,15 +43,15 @@ def test_profiles_of_tiny_runs_satisfy_the_record_identities(tiny_results):
         assert emitted == counts["tokens_emitted"] == (run["output_tokens"] - 1 + run["truncated_tokens"]).sum()
         assert profile["marginal"]["estimate"][0] == pytest.approx(float(np.mean(drafts >= 1)))
         assert sum(profile["draft_length_histogram"]) == counts["iterations"]
-        assert counts["drafts_verified"] == run["draft_proposed"].sum()
-        assert counts["drafts_accepted"] == run["draft_accepted"].sum()
+        assert counts["draft_proposed"] == run["draft_proposed"].sum()
+        assert counts["draft_accepted"] == run["draft_accepted"].sum()
         if identity["schedule"] in ("linear", "quadratic"):
             assert profile["drafted_share"] == [1.0] * 8  # a full W-token draft every iteration
         if identity["schedule"] == "ar":
-            assert counts["drafts_verified"] == 0 and profile["emitted_histogram"][1] == counts["iterations"]
+            assert counts["draft_proposed"] == 0 and profile["emitted_histogram"][1] == counts["iterations"]
     packed = [p for p in profiles if p["identity"]["schedule"] == "packed"]
     assert all(p["draft_length_histogram"][8] == 0 and p["draft_length_histogram"][7] >= 1 for p in packed)  # W-1 at most
-    assert len({tuple(p["marginal"]["estimate"]) for p in profiles if p["counts"]["drafts_verified"]}) > 1
+    assert len({tuple(p["marginal"]["estimate"]) for p in profiles if p["counts"]["draft_proposed"]}) > 1
 
 
 @pytest.mark.skipif(not (TINY / "config.json").exists(), reason="tiny model not trained yet (assets/models/tiny)")

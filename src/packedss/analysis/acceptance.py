@@ -82,7 +82,7 @@ def _ci_lists(cis: list[CI]) -> dict:
 
 
 def _json_number(value: float) -> float | None:
-    return None if value is None or not math.isfinite(value) else float(value)
+    return float(value) if math.isfinite(value) else None
 
 
 def _plain(value):
@@ -107,7 +107,7 @@ def run_profile(identity: dict, run: pd.DataFrame, n_resamples: int) -> dict:
         drafted_all += list(row["drafted"])
         full += sum(1 for d, a in zip(row["drafted"], row["accepted_drafts"], strict=True) if d >= 1 and a == d)
         accepted_total += sum(row["accepted_drafts"])
-    stacked = np.stack([per_question[q] for q in questions]) if questions else np.zeros((0, 3, width), dtype=int)
+    stacked = np.stack([per_question[q] for q in questions])
     iterations = np.array([iterations_q[q] for q in questions], dtype=float)
     marginal = [_ratio_ci(stacked[:, 0, i], iterations, n_resamples) for i in range(width)]
     conditional = [_ratio_ci(stacked[:, 0, i], stacked[:, 1, i], n_resamples) for i in range(width)]
@@ -124,8 +124,8 @@ def run_profile(identity: dict, run: pd.DataFrame, n_resamples: int) -> dict:
             "questions": len(questions),
             "responses": len(run),
             "iterations": total,
-            "drafts_verified": int(sum(drafted_all)),
-            "drafts_accepted": int(accepted_total),
+            "draft_proposed": int(sum(drafted_all)),
+            "draft_accepted": int(accepted_total),
             "tokens_emitted": int(sum(emitted)),
             "full_accepts": int(full),
             "output_tokens": int(run["output_tokens"].sum()),

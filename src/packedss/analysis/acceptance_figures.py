@@ -99,7 +99,7 @@ A2_TITLE = "Figure A2: tokens emitted per iteration"
 
 def figure_a1(profiles: list[dict]) -> tuple[plt.Figure, pd.DataFrame, list[str]]:
     """Runs that verified no draft (AR, native) have no curve."""
-    drafting = [p for p in profiles if p["counts"]["drafts_verified"] > 0]
+    drafting = [p for p in profiles if p["counts"]["draft_proposed"] > 0]
     rows = []
     if not drafting:
         message = "No runs with verified drafts (and per-iteration draft counts) in these records."

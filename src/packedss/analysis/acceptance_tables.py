@@ -66,13 +66,13 @@ def acceptance_table(profiles: list[dict]) -> Table:
     for profile in sorted(profiles, key=lambda p: run_sort_key(p["identity"])):
         counts, emitted = profile["counts"], profile["emitted"]
         iterations = counts["iterations"]
-        verified = counts["drafts_verified"]
+        verified = counts["draft_proposed"]
         rows.append(
             run_labels(profile["identity"])
             | {
                 "Iterations": iterations,
                 "Drafted/iteration": verified / iterations if iterations else math.nan,
-                "Acceptance (%)": 100.0 * counts["drafts_accepted"] / verified if verified else math.nan,
+                "Acceptance (%)": 100.0 * counts["draft_accepted"] / verified if verified else math.nan,
                 "Tokens/iteration": math.nan if emitted["mean"] is None else emitted["mean"],
                 "Median tokens/iteration": math.nan if emitted["median"] is None else emitted["median"],
                 "Full accepts (%)": math.nan if emitted["full_accept_share"] is None else 100.0 * emitted["full_accept_share"],
