@@ -67,6 +67,20 @@ def validate_record(record: dict) -> list[str]:
         problems.append("nfe_total != nfe_prefill + calls after prefill")
     if abs(record["wall_s"] - record["model_s"] - record["nonmodel_s"]) > 1e-6:
         problems.append("nonmodel_s != wall_s - model_s")
+    if "drafted" in record:  # per-iteration draft counts (records written before them have none)
+        problems += _draft_count_problems(record)
+    return problems
+
+
+def _draft_count_problems(record: dict) -> list[str]:
+    drafted, accepted = record["drafted"], record.get("accepted_drafts")
+    if accepted is None or not len(drafted) == len(accepted) == record["iterations"]:
+        return ["len(drafted) and len(accepted_drafts) must equal iterations"]
+    problems = []
+    if sum(drafted) != record["draft_proposed"] or sum(accepted) != record["draft_accepted"]:
+        problems.append("sum(drafted) != draft_proposed or sum(accepted_drafts) != draft_accepted")
+    if any(not 0 <= a <= d or a > e for d, a, e in zip(drafted, accepted, record["accepted"])):
+        problems.append("an iteration with accepted_drafts outside 0..drafted or above its emitted tokens")
     return problems
 
 

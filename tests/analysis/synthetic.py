@@ -34,6 +34,23 @@ def _rows_nemotron(schedule: str, width: int, accepted: list[int]) -> list[int]:
     return rows
 
 
+def _drafts_nemotron(schedule: str, width: int, wanted: list[int]) -> tuple[list[int], list[int]]:
+    """(drafts verified, drafts accepted) per iteration: the wanted accepted drafts, capped at the
+    drafts the schedule verifies (W; AR none; Packed-SS W-1 first, then W - A of the previous
+    iteration)."""
+    drafted, accepted = [], []
+    for h in wanted:
+        if schedule == "ar":
+            m = 0
+        elif schedule == "packed":
+            m = width - 1 if not accepted else max(width - accepted[-1] - 1, 0)
+        else:
+            m = width
+        drafted.append(m)
+        accepted.append(min(h, m))
+    return drafted, accepted
+
+
 def _rows_setdlm(schedule: str, width: int, iterations: int) -> list[int]:
     rows = [PROMPT + width]
     for t in range(iterations):
@@ -68,21 +85,33 @@ def make_record(
     sample: int = 0,
     repeat: int = 0,
     lora: bool = False,
+    accepted_drafts: list[int] | None = None,
     **extra,
 ) -> dict:
+    """A record of `iterations` iterations that each emit `tokens_per_iteration` tokens, or, for the
+    Nemotron family, of the given per-iteration accepted drafts (`accepted_drafts`); drafts verified
+    per iteration follow the schedule (W, or Packed-SS's W - A of the previous iteration)."""
     decoder = FAMILIES[family].schedule(schedule)
     width = width if decoder.uses_width else 0  # as the job spec normalises it (LTR AR reads no W)
     block = FAMILIES[family].block_of_width(width)
+    if accepted_drafts is not None:  # a given acceptance process (Nemotron family)
+        iterations = len(accepted_drafts)
     if family == "nemotron":
-        accepted = [1] * iterations if schedule == "ar" else [tokens_per_iteration] * iterations
+        wanted = accepted_drafts or [0 if schedule == "ar" else tokens_per_iteration - 1] * iterations
+        drafted, accepted_drafts = _drafts_nemotron(schedule, width, wanted)
+        accepted = [h + 1 for h in accepted_drafts]
         rows = _rows_nemotron(schedule, width, accepted)
     elif family == "setdlm":
         accepted = [tokens_per_iteration] * iterations
         rows = _rows_setdlm(schedule, width, iterations)
+        drafted = [0 if schedule == "native" else width] * iterations
+        accepted_drafts = [0 if schedule == "native" else tokens_per_iteration - 1] * iterations
     else:  # a family registered by a test: `calls` calls of one block per iteration
         accepted = [tokens_per_iteration] * iterations
         calls = FAMILIES[family].calls_per_iteration[schedule]
         rows = [PROMPT] + [block] * (calls * iterations)
+        drafted = [width] * iterations
+        accepted_drafts = [tokens_per_iteration - 1] * iterations
     nfe = len(rows)
     output_tokens = 1 + sum(accepted)
     model_s = call_s * nfe
@@ -114,8 +143,10 @@ def make_record(
         "accepted": accepted,
         "rows_evaluated": rows,
         "rows_useful": rows,
-        "draft_proposed": width * iterations,
-        "draft_accepted": sum(accepted) - iterations,
+        "drafted": drafted,
+        "accepted_drafts": accepted_drafts,
+        "draft_proposed": sum(drafted),
+        "draft_accepted": sum(accepted_drafts),
         "truncated_tokens": 0,
         "wall_s": wall_s,
         "model_s": model_s,

@@ -20,6 +20,9 @@ def _identities(out, calls_per_iteration):
     assert out.nonmodel_s == pytest.approx(out.wall_s - out.model_s)
     assert 0 < out.model_s <= out.wall_s
     assert out.draft_accepted == sum(out.accepted) - out.iterations
+    # Per iteration: an LTR verification emits its accepted drafts and one more token.
+    assert out.accepted_drafts == [a - 1 for a in out.accepted]
+    assert len(out.drafted) == out.iterations and sum(out.drafted) == out.draft_proposed
 
 
 @pytest.mark.parametrize("width", [1, 3, 8])
@@ -28,12 +31,13 @@ def test_ar_and_linear_rows(tiny_model, prompt, width):
     ar = decode_ltr(tiny_model, prompt, LTRSettings("ar", width, 20, (), GREEDY))
     assert ar.rows_evaluated == [len(prompt)] + [1] * ar.iterations
     assert ar.accepted == [1] * ar.iterations
+    assert ar.drafted == [0] * ar.iterations
     _identities(ar, 1)
     out = decode_ltr(tiny_model, prompt, LTRSettings("linear", width, 20, (), GREEDY))
     block = width + 1
     assert out.rows_evaluated == [len(prompt)] + [block, block] * out.iterations
     assert out.rows_useful == out.rows_evaluated
-    assert out.draft_proposed == width * out.iterations
+    assert out.drafted == [width] * out.iterations
     _identities(out, 2)
 
 
@@ -43,7 +47,7 @@ def test_quadratic_rows(tiny_model, prompt, width):
     out = decode_ltr(tiny_model, prompt, LTRSettings("quadratic", width, 20, (), GREEDY))
     block = width + 1
     assert out.rows_evaluated == [len(prompt) + block] + [block * (block + 1)] * out.iterations
-    assert out.draft_proposed == width * out.iterations  # a full W-token draft every iteration
+    assert out.drafted == [width] * out.iterations  # a full W-token draft every iteration
     _identities(out, 1)
 
 
@@ -62,7 +66,7 @@ def test_packed_rows(tiny_model, prompt, width, pad_verify):
     assert out.rows_useful == [len(prompt) + block] + real_rows
     expected = [2 * block] * out.iterations if pad_verify else real_rows
     assert out.rows_evaluated == [len(prompt) + block] + expected
-    assert out.draft_proposed == sum(draft_sizes)
+    assert out.drafted == draft_sizes
     _identities(out, 1)
 
 

@@ -81,7 +81,12 @@ def check_record(out, schedule: str, prompt_len: int, width: int) -> None:
     calls = out.nfe_total
     assert len(out.rows_evaluated) == len(out.rows_useful) == calls
     assert len(x["u"]) == len(x["p"]) == len(x["resolved"]) == len(x["call_kinds"]) == calls
-    assert len(x["drafts_accepted"]) == calls and sum(x["drafts_accepted"]) == out.draft_accepted
+    assert len(out.drafted) == len(out.accepted_drafts) == out.iterations
+    assert sum(out.drafted) == out.draft_proposed and sum(out.accepted_drafts) == out.draft_accepted
+    for drafted, accepted_drafts, resolved in zip(out.drafted, out.accepted_drafts, out.accepted):
+        assert 0 <= accepted_drafts <= drafted <= width and accepted_drafts <= resolved
+    if schedule == "native":
+        assert out.draft_proposed == 0
     assert out.nfe_prefill == 1 and x["call_kinds"][0] == "prefill" and x["p"][0] == 0
     for kind, rows, useful, u, p in zip(x["call_kinds"], out.rows_evaluated, out.rows_useful, x["u"], x["p"]):
         assert rows == expected_rows(kind, u, p, prompt_len), (kind, rows, u, p)
@@ -115,14 +120,17 @@ def test_rows_per_call_follow_the_formulas_and_records_are_consistent(set_model,
 def test_p_is_zero_exactly_after_an_all_accepted_call(set_model, schedule, order):
     seen_all, seen_correction = False, False
     for prompt in PROMPTS:
-        x = decode_anyorder(set_model, prompt, settings(schedule, 4, order)).extra
-        kinds, u, p, resolved, hits = x["call_kinds"], x["u"], x["p"], x["resolved"], x["drafts_accepted"]
+        out = decode_anyorder(set_model, prompt, settings(schedule, 4, order))
+        x = out.extra
+        kinds, u, p, resolved = x["call_kinds"], x["u"], x["p"], x["resolved"]
         verifying = "verify" if schedule == "linear" else schedule
+        calls_per_iteration = 2 if schedule == "linear" else 1
         for t in range(1, len(kinds) - 1):
             if kinds[t] != verifying or resolved[t] == 0:
                 continue
-            all_accepted = hits[t] == u[t]  # every open position resolved by an accepted draft
-            assert resolved[t] == hits[t] + (0 if all_accepted else 1)
+            h = out.accepted_drafts[(t - 1) // calls_per_iteration]  # the iteration this call ends
+            all_accepted = h == u[t]  # every open position resolved by an accepted draft
+            assert resolved[t] == h + (0 if all_accepted else 1)
             assert p[t + 1] == (0 if all_accepted else 1), (t, kinds[t], u[t], resolved[t], p[t + 1])
             seen_all |= all_accepted
             seen_correction |= not all_accepted
@@ -264,14 +272,14 @@ def test_broken_verifier_fails_the_same_test(exact, schedule, monkeypatch):
 
 
 def test_toy_drafts_are_accepted_sometimes_and_rejected_sometimes():
-    hits = []
+    accepted_drafts = []
     for seed in range(200):
         sampling = Sampling(1.0, "rejection", torch.Generator().manual_seed(seed))
         out = decode_anyorder(ToySetModel(), TOY_PROMPT, AnyOrderSettings("linear", 2, LENGTH, (), sampling))
-        hits += [h for h, kind in zip(out.extra["drafts_accepted"], out.extra["call_kinds"]) if kind == "verify"]
+        accepted_drafts += out.accepted_drafts  # every Linear-SS iteration ends in a verify call
     # Linear's rank-0 draft saw exactly what its query sees (q = p), so it is always accepted;
     # rank 1 is rejected sometimes and accepted sometimes.
-    assert min(hits) >= 1 and 1 in hits and 2 in hits
+    assert min(accepted_drafts) >= 1 and 1 in accepted_drafts and 2 in accepted_drafts
 
 
 # ------------------------------------------------------------------ native's rules, as the released sampler

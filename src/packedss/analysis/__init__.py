@@ -1,6 +1,7 @@
-"""Analysis stage: records -> the paper's tables (2-13) and figures (3-5).
+"""Analysis stage: records -> the paper's tables (2-13) and figures (3-5), and the acceptance
+analytics (tables acceptance and latency, Figures A1 and A2, acceptance profiles).
 
-    python -m packedss.analysis RESULTS_DIR [--compare-paper] [--tables 6,10] [--figures 3,4,5]
+    python -m packedss.analysis RESULTS_DIR [--compare-paper] [--tables 6,10,acceptance] [--figures 3,4,5,A1,A2]
 
 The definitions and outputs: docs/analysis.md.
 """
@@ -85,24 +86,36 @@ def analyse(
     out_dir: str | Path | None = None,
     extra_records=(),
 ) -> Results:
-    """Write the requested tables (default: all) and figures (default: all) under
-    `<out_dir or results_dir>/tables` and `/figures`; whenever tables are written, the per-run
-    summary (`runs`, every run of every family) is written too. `extra_records`: further record
-    files or folders to read besides `<results_dir>/records` (e.g. a figure drawn from several
-    tables' runs)."""
-    from packedss.analysis.figures import FIGURES, make_figure, write_figure
+    """Write the requested tables (default: all, `acceptance` included) and figures (default: all)
+    under `<out_dir or results_dir>/tables` and `/figures`; whenever tables are written, the per-run
+    summary (`runs`, every run of every family) is written too, and with the acceptance table or
+    Figure A1 or A2 each run's `acceptance/<model>/<task>/<record file>/acceptance_profile.json`.
+    `extra_records`: further record files or folders to read besides `<results_dir>/records`
+    (e.g. a figure drawn from several tables' runs)."""
+    from packedss.analysis.acceptance import acceptance_profiles, write_profiles
+    from packedss.analysis.acceptance_tables import acceptance_table, latency_table
+    from packedss.analysis.figures import ACCEPTANCE_FIGURES, FIGURES, make_figure, write_figure
     from packedss.analysis.measured_tables import runs_table
     from packedss.analysis.render import write_table
-    from packedss.analysis.tables import TABLES
+    from packedss.analysis.tables import ACCEPTANCE, TABLES
 
     results = load_results(results_dir, n_resamples, extra_records)
     out = Path(out_dir) if out_dir is not None else Path(results_dir)
-    numbers = list(TABLES) if tables is None else list(tables)
+    numbers = [*TABLES, ACCEPTANCE] if tables is None else list(tables)
+    figure_keys = list(FIGURES) if figures is None else list(figures)
     if numbers:
-        results.written += write_table(runs_table(results.per_question), out / "tables")
+        results.written += write_table(runs_table(results.per_question, results.comparisons), out / "tables")
+    profiles = None
+    if ACCEPTANCE in numbers or any(key in ACCEPTANCE_FIGURES for key in figure_keys):
+        profiles = acceptance_profiles(results.per_response, n_resamples)
+        results.written += write_profiles(profiles, out / "acceptance")
     for number in numbers:
+        if number == ACCEPTANCE:
+            results.written += write_table(acceptance_table(profiles), out / "tables")
+            results.written += write_table(latency_table(results.loaded.frame), out / "tables")
+            continue
         table = TABLES[number].function(results.per_question, results.comparisons, compare_paper)
         results.written += write_table(table, out / "tables")
-    for number in FIGURES if figures is None else figures:
-        results.written += write_figure(make_figure(number, results.comparisons), out / "figures")
+    for number in figure_keys:
+        results.written += write_figure(make_figure(number, results.comparisons, profiles), out / "figures")
     return results

@@ -1,4 +1,4 @@
-"""python -m packedss.analysis RESULTS_DIR [--compare-paper] [--tables 6,10] [--figures 3,4,5]
+"""python -m packedss.analysis RESULTS_DIR [--compare-paper] [--tables 6,10,acceptance] [--figures 3,4,5,A1,A2]
 
 Reads every JSONL record under RESULTS_DIR/records (or RESULTS_DIR), reports bad lines with file
 and line number, and writes tables under RESULTS_DIR/tables and figures under
@@ -14,29 +14,28 @@ import time
 
 from packedss.analysis import N_RESAMPLES, analyse, record_sources
 from packedss.analysis.figures import FIGURES
-from packedss.analysis.tables import TABLES
+from packedss.analysis.tables import ACCEPTANCE, TABLES
 
 
-def _numbers(text: str, valid, what: str) -> list[int]:
+def _numbers(text: str, valid, what: str) -> list:
+    """Comma-separated table or figure keys: numbers, or names such as acceptance and A1."""
     if text.strip().lower() in ("", "none"):
         return []
     if text.strip().lower() == "all":
         return list(valid)
-    try:
-        numbers = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{what} must be comma-separated numbers, e.g. 6,10") from None
-    bad = [n for n in numbers if n not in valid]
+    by_name = {str(v).lower(): v for v in valid}
+    parts = [part.strip().lower() for part in text.split(",") if part.strip()]
+    bad = [part for part in parts if part not in by_name]
     if bad:
-        raise argparse.ArgumentTypeError(f"no {what} {bad}; valid: {', '.join(map(str, valid))}")
-    return numbers
+        raise argparse.ArgumentTypeError(f"no {what} {', '.join(bad)}; valid: {', '.join(map(str, valid))}")
+    return [by_name[part] for part in parts]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m packedss.analysis", description=__doc__.split("\n\n")[1])
     parser.add_argument("results_dir", help="results folder (records under RESULTS_DIR/records or RESULTS_DIR)")
-    parser.add_argument("--tables", type=lambda t: _numbers(t, TABLES, "table"), default=None, help="e.g. 6,10 (default: all, 2-13)")
-    parser.add_argument("--figures", type=lambda t: _numbers(t, FIGURES, "figure"), default=None, help="e.g. 3,5 (default: all, 3-5)")
+    parser.add_argument("--tables", type=lambda t: _numbers(t, [*TABLES, ACCEPTANCE], "table"), default=None, help="e.g. 6,10 or acceptance (default: all, 2-13 and acceptance)")
+    parser.add_argument("--figures", type=lambda t: _numbers(t, FIGURES, "figure"), default=None, help="e.g. 3,5 or A1,A2 (default: all, 3-5, A1, A2)")
     parser.add_argument("--compare-paper", action="store_true", help="show the paper's published numbers beside the measured ones")
     parser.add_argument("--n-resamples", type=int, default=N_RESAMPLES, help=f"bootstrap resamples (default {N_RESAMPLES})")
     parser.add_argument("--out", default=None, help="write tables/ and figures/ here instead of RESULTS_DIR")

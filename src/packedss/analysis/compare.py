@@ -23,7 +23,16 @@ import pandas as pd
 
 from packedss.analysis.bootstrap import N_RESAMPLES, Comparison, compare
 from packedss.families import FAMILIES
-from packedss.analysis.metrics import MODEL_SHORT, ORDER_LABELS, family_orders, per_question, task_label
+from packedss.analysis.metrics import (
+    MODEL_SHORT,
+    ORDER_LABELS,
+    family_orders,
+    per_question,
+    rates,
+    schedule_label,
+    sort_schedules,
+    task_label,
+)
 
 SETTING = ("model", "task", "temperature", "verify", "lora", "config")
 ORDERED_SETTING = SETTING + ("width", "order_group")
@@ -142,3 +151,26 @@ class Comparisons:
         if pairing not in self._cache:
             self._cache[pairing] = compare(self.runs(pairing, "method"), self.runs(pairing, "base"), self.n_resamples)
         return self._cache[pairing]
+
+    def sign_flips(self) -> list[str]:
+        """A note for every comparison of two schedules (each pair of schedules of a setting) in
+        which a rate of `metrics.RATES` is higher for one run when pooled (aggregate totals) and
+        for the other when averaged per request."""
+        notes = []
+        schedules = sort_schedules(self.responses["schedule"].unique())
+        for k, base in enumerate(schedules):
+            for method in schedules[k + 1 :]:
+                for p in self.pairings(method, base):
+                    m, b = rates(self.runs(p, "method")), rates(self.runs(p, "base"))
+                    setting = p.setting_label
+                    if family_orders(p.family):
+                        setting = f"{MODEL_SHORT.get(p.model, p.model)} {task_label(p.task)} {setting}"
+                    for name in m:
+                        pooled, per_request = m[name][0] - b[name][0], m[name][1] - b[name][1]
+                        if pooled * per_request < 0:
+                            notes.append(
+                                f"Sign differs, {setting} T={p.temperature:g}: "
+                                f"{name} of {schedule_label(method)} (W={p.method_width}) minus {schedule_label(base)} "
+                                f"(W={p.base_width}) is {pooled:+.4g} pooled but {per_request:+.4g} per request."
+                            )
+        return notes

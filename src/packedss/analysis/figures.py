@@ -10,6 +10,8 @@
   non-model time per response divided by that task's Linear-SS mean total, over the questions all
   schedules answered, averaged over the tasks with equal weight (GSM8K and MATH-500 when present,
   else every task) within each model; a dashed line marks Linear-SS's total.
+- Figures A1 and A2 (acceptance by draft depth, tokens emitted per iteration): drawn from the
+  runs' acceptance profiles by `acceptance_figures`.
 One colour per schedule (`metrics.SCHEDULE_COLOURS`) in every figure.
 """
 
@@ -26,6 +28,8 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.patches import Patch  # noqa: E402
 
+from packedss.analysis.acceptance import acceptance_profiles  # noqa: E402
+from packedss.analysis.acceptance_figures import figure_a1, figure_a2  # noqa: E402
 from packedss.analysis.compare import Comparisons, Pairing  # noqa: E402
 from packedss.analysis.metrics import (  # noqa: E402
     MODEL_SHORT,
@@ -49,7 +53,7 @@ FIGURE5_TASKS = ("gsm8k", "math500")
 
 @dataclass
 class Figure:
-    number: int
+    number: int | str  # the paper's figure number, or A1 / A2
     figure: matplotlib.figure.Figure | None
     data: pd.DataFrame
     notes: list[str]
@@ -258,14 +262,23 @@ def timing_figure(pq: pd.DataFrame) -> Figure:
     return Figure(5, fig, data, notes)
 
 
-def make_figure(number: int, comparisons: Comparisons) -> Figure:
+ACCEPTANCE_FIGURES = {"A1": figure_a1, "A2": figure_a2}
+
+
+def make_figure(number: int | str, comparisons: Comparisons, profiles: list[dict] | None = None) -> Figure:
+    """Figure 3, 4, 5, A1 or A2; A1 and A2 are drawn from `profiles` (computed from the
+    comparisons' responses when not given)."""
+    if number in ACCEPTANCE_FIGURES:
+        if profiles is None:
+            profiles = acceptance_profiles(comparisons.responses, comparisons.n_resamples)
+        return Figure(number, *ACCEPTANCE_FIGURES[number](profiles))
     if number == 3:
         return ratio_figure(3, comparisons, positive=False)
     if number == 4:
         return ratio_figure(4, comparisons, positive=True)
     if number == 5:
         return timing_figure(comparisons.pq)
-    raise ValueError(f"no figure {number}; figures are 3, 4, 5")
+    raise ValueError(f"no figure {number}; figures are {', '.join(map(str, FIGURES))}")
 
 
 def write_figure(figure: Figure, directory: Path) -> list[Path]:
@@ -279,4 +292,4 @@ def write_figure(figure: Figure, directory: Path) -> list[Path]:
     return paths
 
 
-FIGURES = (3, 4, 5)
+FIGURES = (3, 4, 5, "A1", "A2")

@@ -26,6 +26,7 @@ from packedss.analysis.metrics import (
     model_label,
     model_ms_per_iteration,
     order_rank,
+    rates,
     schedule_label,
     schedule_rank,
     task_label,
@@ -56,12 +57,22 @@ ABS_COLS = [
     Col("Wall (s)", digits=3),
     Col("NFE", digits=2),
 ]
-ABS_NOTE = "Tokens, wall time and NFE are means per response; rates use aggregate totals."
+ABS_NOTE = "Tokens, wall time and NFE are means per response; rates use aggregate totals (pooled, the paper's averaging)."
 
 
-def runs_table(pq: pd.DataFrame) -> Table:
+RATE_COLS = [
+    Col("Tokens/NFE (per request)", digits=3),
+    Col("Tokens/s (per request)", digits=2),
+    Col("Acceptance (%)", digits=2),
+    Col("Acceptance (%) (per request)", digits=2),
+]
+
+
+def runs_table(pq: pd.DataFrame, comparisons: Comparisons) -> Table:
     """One row per run of any family: what ran (model, family, task, schedule, W, B, T, ...), how
-    many questions, samples and repeats, and the absolute measurements."""
+    many questions, samples and repeats, the absolute measurements, and the rates averaged per
+    request beside the pooled ones."""
+    responses = dict(list(comparisons.responses.groupby(list(RUN_KEYS), sort=False, dropna=False)))
     rows = []
     runs = [(dict(zip(RUN_KEYS, values, strict=True)), g) for values, g in pq.groupby(list(RUN_KEYS), sort=False, dropna=False)]
     runs.sort(
@@ -73,6 +84,7 @@ def runs_table(pq: pd.DataFrame) -> Table:
     )  # fmt: skip
     for run, g in runs:
         agg = aggregate(g)
+        run_rates = rates(responses[tuple(run.values())])
         rows.append(
             {
                 "Model": model_label(run["model"]),
@@ -93,15 +105,20 @@ def runs_table(pq: pd.DataFrame) -> Table:
                 "Repeats": int(g["repeats"].max()),
             }
             | {c.name: agg[c.name] for c in ABS_COLS}
+            | {f"{name} (per request)": pair[1] for name, pair in run_rates.items()}
+            | {"Acceptance (%)": run_rates["Acceptance (%)"][0]}
         )
     keys = ["Model", "Family", "Task", "Method", "W", "B", "T", "Verify", "Order", "LoRA", "Padded", "Seed", "Config",
             "Questions", "Samples", "Repeats"]  # fmt: skip
     notes = [
         "One row per run (every family in the records). " + ABS_NOTE,
         "Samples: independent samples per question (T > 0), averaged per question; Repeats: timings of each response, averaged.",
+        "Pooled rates (Tokens/s, Tokens/NFE, Acceptance) are aggregate totals, the paper's; '(per request)' columns are "
+        "the means of each response's own rate. Acceptance = drafts accepted / drafts verified.",
     ]
+    notes += comparisons.sign_flips()
     notes += speed_only_note(pq)
-    return build("runs", "Runs: one row per run in the records.", rows, keys, ABS_COLS, False, None, notes)
+    return build("runs", "Runs: one row per run in the records.", rows, keys, ABS_COLS + RATE_COLS, False, None, notes)
 
 
 def row_formula(family: str, schedule: str, width: int) -> tuple[float, float, str]:
@@ -154,7 +171,7 @@ def table2(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = Fal
             row["Max rows/iteration (paper)"] = _paper_setdlm_maximum(family, schedule, width)
         rows.append(row)
     notes = [
-        "Measured over every response: NFE/iteration = calls after prefill / iterations; Max rows/iteration = the "
+        "Measured over every response, pooled (aggregate totals): NFE/iteration = calls after prefill / iterations; Max rows/iteration = the "
         "most rows evaluated (padding and duplicates included) in one iteration after prefill, the calls of an "
         "iteration (Linear-SS: two) summed.",
         "Paper formulas: Nemotron 2B, B(B+1), 2B with B = W+1; SetDLM maxima p+3u_t, p+2u_t+u_t^2, p+3u_t at "
@@ -197,7 +214,7 @@ def table3(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = Fal
         Col("Tokens", digits=1),
         Col("Accuracy (%)", digits=1),
     ]
-    notes = ["Rows/call: the most input rows of any call after prefill. Wall, Total NFE, Tokens: means per response."]
+    notes = ["Rows/call: the most input rows of any call after prefill. Wall, Total NFE, Tokens: means per response; Tokens/s: aggregate totals (pooled, the paper's averaging)."]
     notes += speed_only_note(sub)
     return build(3, TITLES[3], rows, keys, cols, compare_paper, None, notes)
 
@@ -221,7 +238,7 @@ def table4(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = Fal
         Col("Tokens/s", digits=2),
         Col("Accuracy (%)", digits=2),
     ]
-    notes = ["Means per response; model and non-model time sum to the inclusive decoder wall time."]
+    notes = ["Means per response; Tokens/s: aggregate totals (pooled, the paper's averaging); model and non-model time sum to the inclusive decoder wall time."]
     if sub.empty:
         notes.append("Needs records with lora=true (the proposal-only LoRA runs).")
     notes += speed_only_note(sub)
@@ -264,7 +281,7 @@ def table5(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = Fal
     notes = [
         "Per iteration after prefill (Linear-SS: both calls). Query rows, Selected (rows receiving adapter updates) "
         "and Evaluated (rows for which they are computed): the iteration with the most rows.",
-        "Base/LoRA ms: model time per iteration = Σ model_s / Σ iterations over lora=false / lora=true records "
+        "Base/LoRA ms: model time per iteration, pooled: Σ model_s / Σ iterations over lora=false / lora=true records "
         "(prefill call included unless records carry per-call times, call_model_s).",
     ]
     if sub.empty or not sub["lora"].any():

@@ -163,6 +163,29 @@ def aggregate(rows: pd.DataFrame) -> dict:
     }
 
 
+def _pooled_and_mean(numerator: pd.Series, denominator: pd.Series) -> tuple[float, float]:
+    """(pooled = Σnum / Σden, per request = mean of num/den over the rows with den > 0)."""
+    num, den = numerator.to_numpy(float), denominator.to_numpy(float)
+    keep = den > 0
+    pooled = num.sum() / den.sum() if den.sum() > 0 else np.nan
+    return float(pooled), float(np.mean(num[keep] / den[keep])) if keep.any() else np.nan
+
+
+RATES = ("Tokens/NFE", "Tokens/s", "Acceptance (%)")
+
+
+def rates(responses: pd.DataFrame) -> dict[str, tuple[float, float]]:
+    """RATES of one run's per-response rows, each as (pooled: aggregate totals, the paper's;
+    per request: the mean of every response's own rate). Acceptance = draft_accepted /
+    draft_proposed, over the responses that proposed drafts."""
+    accepted = _pooled_and_mean(responses["draft_accepted"], responses["draft_proposed"])
+    return {
+        "Tokens/NFE": _pooled_and_mean(responses["output_tokens"], responses["nfe_total"]),
+        "Tokens/s": _pooled_and_mean(responses["output_tokens"], responses["wall_s"]),
+        "Acceptance (%)": (100.0 * accepted[0], 100.0 * accepted[1]),
+    }
+
+
 def iteration_rows(record: dict | pd.Series, field: str = "rows_evaluated") -> list[list[int]]:
     """A per-call list field grouped into iterations after the prefill call(s), with as many calls
     per iteration as the family table gives the schedule (Linear-SS: two)."""

@@ -24,7 +24,7 @@ PAIRED_COLS = [
 PAIRED_NOTES = [
     "Packed-SS against each baseline, paired by question and sample (only question-samples both runs answered; "
     "Pairs = their number). Δ wall = mean(wall_Packed - wall_baseline); throughput ratio = "
-    "(Σtok/Σwall)_Packed / (Σtok/Σwall)_baseline; NFE ratio = ΣNFE_Packed / ΣNFE_baseline. Brackets: 95% paired "
+    "(Σtok/Σwall)_Packed / (Σtok/Σwall)_baseline; NFE ratio = ΣNFE_Packed / ΣNFE_baseline: ratios of pooled totals (the paper's averaging). Brackets: 95% paired "
     "bootstrap CIs over questions, each resampled with all its samples (BCa, percentile fallback).",
 ]
 
@@ -115,7 +115,7 @@ def table11(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = Fa
     sub = subset(pq, family=NEMOTRON, lora=False)
     speed_only: set[str] = set()
     notes = [
-        "Accuracy differences in percentage points, paired by question and sample (scored pairs only; Pairs = their "
+        "Accuracy differences in percentage points (pooled: the mean over all scored pairs), paired by question and sample (scored pairs only; Pairs = their "
         "number, per column when they differ); 95% paired bootstrap CIs over questions, each with all its samples."
     ]
     rows = []

@@ -19,6 +19,9 @@ class TableSpec:
     experiment: str  # the run.py experiment preset that produces it
 
 
+# `--tables acceptance`: the tables acceptance and latency and each run's acceptance_profile.json.
+ACCEPTANCE = "acceptance"
+
 TABLES: dict[int, TableSpec] = {
     2: TableSpec(table2, "any family (rows_evaluated per call, iterations), every schedule and W", "table2"),
     3: TableSpec(table3, "nemotron, T=0, lora=false, several widths", "table3"),

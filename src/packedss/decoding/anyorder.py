@@ -113,7 +113,6 @@ class _SetDecoder(Decoder):
         self.u: list[int] = []
         self.p: list[int] = []
         self.resolved: list[int] = []
-        self.hits: list[int] = []  # per call: drafts accepted by its verification
         self.kinds: list[str] = []
 
     # ----------------------------------------------------------------- window and order
@@ -166,7 +165,6 @@ class _SetDecoder(Decoder):
         self.u.append(u)
         self.p.append(0 if kind == "prefill" else len(prefix))
         self.resolved.append(0)
-        self.hits.append(0)
         return logits
 
     def run_window(self, kind: str, prefix: list[tuple[int, int]], window: list[int]) -> torch.Tensor:
@@ -221,9 +219,8 @@ class _SetDecoder(Decoder):
         rows = query_logits[: m + 1] if m < u else torch.cat([query_logits, query_logits[-1:]])
         emitted = verify(rows, drafts, q, self.settings.sampling)
         h = m if len(emitted) > u else len(emitted) - 1  # m == u and all accepted: no correction
-        self.proposed += m
-        self.drafted_ok += h
-        self.hits[-1] = h
+        self.draft_proposed += m
+        self.draft_accepted += h
         items = list(zip(sigma[:h], emitted[:h]))
         self.pending = [] if h == u else [(sigma[h], emitted[h])]
         self.model.commit(self.p[-1] + h)
@@ -249,7 +246,6 @@ class _SetDecoder(Decoder):
             "u": self.u,
             "p": self.p,
             "resolved": self.resolved,
-            "drafts_accepted": self.hits,
             "call_kinds": self.kinds,
             "order": self.settings.order,
             "lossless": not self.lossy,

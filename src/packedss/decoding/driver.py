@@ -122,8 +122,8 @@ class Decoder(ABC):
         self.meter = Meter(model, settings.timing)
         self.emitter = Emitter(settings.max_new_tokens, settings.eos_token_ids, stop_check)
         self.produced = 0
-        self.proposed = 0  # drafts verified
-        self.drafted_ok = 0  # drafts accepted
+        self.draft_proposed = 0  # drafts verified
+        self.draft_accepted = 0  # drafts accepted
 
     @abstractmethod
     def prefill(self) -> bool:
@@ -158,17 +158,22 @@ def drive(
     model.reset()
     try:
         decoder = schedule(model, prompt, settings, stop_check)
-        accepted: list[int] = []  # tokens produced per iteration after prefill
+        # Per iteration after prefill: tokens produced, drafts verified, drafts accepted.
+        accepted: list[int] = []
+        drafted: list[int] = []
+        accepted_drafts: list[int] = []
         done = decoder.prefill()
         while not done:
-            before = decoder.produced
+            before = (decoder.produced, decoder.draft_proposed, decoder.draft_accepted)
             done = decoder.step()
-            accepted.append(decoder.produced - before)
+            accepted.append(decoder.produced - before[0])
+            drafted.append(decoder.draft_proposed - before[1])
+            accepted_drafts.append(decoder.draft_accepted - before[2])
         emitter = decoder.emitter
         # Produced tokens that are not in the output: cut by a stop, or produced beyond it.
         truncated_tokens = decoder.produced - len(emitter.tokens)
         return decoder.meter.finish(
-            emitter, len(prompt), accepted, decoder.proposed, decoder.drafted_ok, truncated_tokens, decoder.extra()
+            emitter, len(prompt), accepted, drafted, accepted_drafts, truncated_tokens, decoder.extra()
         )
     finally:
         model.reset()

@@ -138,8 +138,8 @@ class _LTRDecoder(Decoder):
         """Commit and emit what a verification of `drafts` drafts emitted."""
         self.last = last_token(emitted, self.model.device)
         self.model.commit(len(emitted))
-        self.proposed += drafts
-        self.drafted_ok += len(emitted) - 1
+        self.draft_proposed += drafts
+        self.draft_accepted += len(emitted) - 1
         return self.emit(emitted)
 
 

@@ -17,9 +17,11 @@ StopCheck = Callable[[Sequence[int], int], "int | None"]
 
 @dataclass
 class Decoded:
-    """One response and what it cost. `accepted` holds the tokens emitted per iteration after
-    prefill (the prefill call emits the first token), so that
-    1 + sum(accepted) - truncated_tokens == len(tokens)."""
+    """One response and what it cost. Per iteration after prefill: `accepted` holds the tokens
+    emitted (the prefill call emits the first token), so that
+    1 + sum(accepted) - truncated_tokens == len(tokens); `drafted` the drafts its verification
+    checked and `accepted_drafts` how many of them it accepted (their sums are `draft_proposed`
+    and `draft_accepted`)."""
 
     tokens: list[int]
     finish_reason: str  # "eos" | "max_tokens" | "stop"
@@ -28,6 +30,8 @@ class Decoded:
     nfe_prefill: int
     iterations: int
     accepted: list[int]
+    drafted: list[int]
+    accepted_drafts: list[int]
     rows_evaluated: list[int]
     rows_useful: list[int]
     draft_proposed: int
@@ -130,8 +134,8 @@ class Meter:
         emitter: Emitter,
         prompt_tokens: int,
         accepted: list[int],
-        draft_proposed: int,
-        draft_accepted: int,
+        drafted: list[int],
+        accepted_drafts: list[int],
         truncated_tokens: int,
         extra: dict | None = None,
     ) -> Decoded:
@@ -150,10 +154,12 @@ class Meter:
             nfe_prefill=1,
             iterations=len(accepted),
             accepted=accepted,
+            drafted=drafted,
+            accepted_drafts=accepted_drafts,
             rows_evaluated=self.rows_evaluated,
             rows_useful=self.rows_useful,
-            draft_proposed=draft_proposed,
-            draft_accepted=draft_accepted,
+            draft_proposed=sum(drafted),
+            draft_accepted=sum(accepted_drafts),
             truncated_tokens=truncated_tokens,
             wall_s=wall_s,
             model_s=model_s,
