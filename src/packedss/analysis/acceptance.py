@@ -116,7 +116,7 @@ def run_profile(identity: dict, run: pd.DataFrame, n_resamples: int) -> dict:
     longest = max([width + 1, *emitted])
     return {
         "schema": SCHEMA,
-        "identity": {k: _plain(identity[k]) for k in RUN_KEYS},
+        "identity": {k: _plain(identity[k]) for k in RUN_KEYS} | {"config_hash": str(run["config_hash"].iloc[0])},
         "width": width,
         "block": _json_number(block_of(identity["family"], width)),
         "source": Path(str(run["source"].iloc[0])).name,

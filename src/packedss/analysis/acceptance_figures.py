@@ -21,12 +21,10 @@ import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
 from packedss.analysis.acceptance import run_sort_key
-from packedss.analysis.metrics import ORDER_LABELS, model_label, schedule_colour, schedule_label, task_label
+from packedss.analysis.metrics import ORDER_LABELS, model_label, schedule_colour, schedule_label, schedule_marker, task_label
 
 PANEL_KEYS = ("family", "model", "task", "width", "temperature", "verify", "lora")
 ORDER_STYLES = {"confidence": "--"}
-# Markers tell overlapping curves apart (Linear-SS and Packed-SS often accept alike).
-SCHEDULE_MARKERS = {"linear": "s", "quadratic": "^", "packed": "o"}
 PANELS_PER_ROW = 4
 
 
@@ -112,7 +110,7 @@ def figure_a1(profiles: list[dict]) -> tuple[plt.Figure, pd.DataFrame, list[str]
             marginal, conditional = profile["marginal"], profile["conditional"]
             share = _values(profile["drafted_share"])
             style = _style(profile)
-            marker = {"marker": SCHEDULE_MARKERS.get(profile["identity"]["schedule"], "o"), "markersize": 3.5, "markerfacecolor": "none"}
+            marker = {"marker": schedule_marker(profile["identity"]["schedule"]), "markersize": 3.5, "markerfacecolor": "none"}
             top.plot(depth, _values(marginal["estimate"]), label=label, **marker, **style)
             top.fill_between(depth, _values(marginal["low"]), _values(marginal["high"]), color=style["color"], alpha=0.15, linewidth=0)
             if np.nanmin(share) < 1:

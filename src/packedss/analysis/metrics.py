@@ -84,6 +84,14 @@ def schedule_colour(schedule: str) -> str:
     return SCHEDULE_COLOURS.get(schedule, OTHER_COLOUR)
 
 
+# Markers tell overlapping curves apart (Linear-SS and Packed-SS often accept alike).
+SCHEDULE_MARKERS = {"linear": "s", "quadratic": "^", "packed": "o"}
+
+
+def schedule_marker(schedule: str) -> str:
+    return SCHEDULE_MARKERS.get(schedule, "o")
+
+
 def family_orders(family: str) -> tuple[str, ...]:
     """The verification orders of a family (none for a family the table does not know)."""
     return FAMILIES[family].orders if family in FAMILIES else ()
