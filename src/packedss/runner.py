@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 import packedss
 from packedss.errors import PackedSSError
-from packedss.config import resolved_order, validate, validate_width
+from packedss.config import check_out_dir, resolved_order, validate, validate_width
 from packedss.decoding import GREEDY, Sampling
 from packedss.decoding.verify import question_seed
 from packedss.families import family_named
@@ -69,6 +69,7 @@ def resolve_dtype_name(name: str, device: torch.device) -> str:
 
 def run_job(cfg) -> JobResult:
     validate(cfg)
+    check_out_dir(cfg.out_dir)
     family = family_named(cfg.model.family)
     device = resolve_device(cfg.device)
     if cfg.threads > 0 or device.type == "cpu":
@@ -116,6 +117,7 @@ def run_job(cfg) -> JobResult:
         "checkpoint": checkpoint.hub_id or str(model_path),
         "task": task.name,
         "task_config": task_config,
+        "data_dir": str(Path(cfg.data_dir).expanduser().resolve()) if cfg.data_dir else None,  # re-grading reads it
         "schedule": cfg.schedule.name,
         "width": cfg.width,
         "block": family.block_of_width(cfg.width),
@@ -184,7 +186,6 @@ def run_job(cfg) -> JobResult:
     ) + (f"-compiled-{cfg.model.compile}" if cfg.model.compile != "none" else "")
     path = record_path(cfg.out_dir, cfg.model.name, task.name, cfg.schedule.name + variant, cfg.width,
                        cfg.temperature, verify, order, cfg.seed)  # fmt: skip
-    existed = path.exists()
     responses = [(q, k, r) for q in questions for k in range(cfg.samples) for r in range(cfg.repeats)]
     with SignalGuard() as guard, RecordWriter(path) as writer:
         done = writer.done_keys(job_hash)
@@ -234,8 +235,6 @@ def run_job(cfg) -> JobResult:
             bar.set_postfix(tok_s=f"{tokens_total / max(wall_total, 1e-9):.1f}",
                             accepted=f"{accepted_total / max(iterations_total, 1):.2f}")  # fmt: skip
         bar.close()
-    if not existed and written == 0 and path.stat().st_size == 0:
-        path.unlink()
     return JobResult(path=path, written=written, skipped=len(responses) - len(pending))
 
 

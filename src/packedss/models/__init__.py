@@ -56,7 +56,7 @@ def resolve_path(model_cfg, checkpoint: Checkpoint) -> Path:
         raise PackedSSError(
             f"model {model_cfg.name}: weights {hub_id} are not available locally; download them "
             f"(huggingface-cli download {hub_id}) and pass model.path=/local/dir, list the directory in a "
-            f"paths file (conf/paths/, e.g. paths=local), or set model.download=true"
+            f"paths file (conf/paths/, e.g. +paths=local), or set model.download=true"
         )
     try:
         return Path(snapshot_download(hub_id))
