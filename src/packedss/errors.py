@@ -36,6 +36,11 @@ class Stopped(PackedSSError):
         self.exit_status = 128 + signum
 
 
+class InvalidJobs(PackedSSError):
+    """The invalid jobs of a sweep: a first line that sums them up, then each job and its problem
+    on lines of their own (the one message of more than one line)."""
+
+
 def raise_stopped(signum, frame) -> NoReturn:
     raise Stopped(signum)
 
@@ -98,6 +103,8 @@ def hydra_message(err: BaseException) -> Optional[str]:
 
 def user_message(err: BaseException) -> Optional[str]:
     """The one-line message of a bad-input error; None for anything else (a bug: traceback)."""
+    if isinstance(err, InvalidJobs):
+        return str(err)
     if isinstance(err, PackedSSError):
         return one_line(str(err))
     try:
@@ -116,22 +123,31 @@ def exit_status(err: BaseException) -> int:
     return getattr(err, "exit_status", 2)
 
 
-def run_cli(main: Callable[[], Optional[int]]) -> NoReturn:
-    """Run an entry point's main: a bad-input error or Ctrl-C ends it with one line and its status."""
-    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
-        signal.signal(signal.SIGTERM, raise_stopped)
+def run_reporting(main: Callable[[], Optional[int]]) -> int:
+    """main's exit status; a bad-input error or Ctrl-C is reported in one line and gives its status."""
     try:
-        status = main()
+        return main() or 0
     except KeyboardInterrupt as err:
         report(INTERRUPTED, err)
-        sys.exit(130)
+        return 130
+    except SystemExit as err:
+        if not isinstance(err.code, str):
+            raise
+        report(one_line(err.code))  # a library's `raise SystemExit(message)`
+        return 2
     except Exception as err:
         message = user_message(err)
         if message is None:
             raise
         report(message, err)
-        sys.exit(exit_status(err))
-    sys.exit(status or 0)
+        return exit_status(err)
+
+
+def run_cli(main: Callable[[], Optional[int]]) -> NoReturn:
+    """Run an entry point's main and exit with its status; SIGTERM stops it like Ctrl-C (143)."""
+    if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, raise_stopped)
+    sys.exit(run_reporting(main))
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -140,3 +156,31 @@ class ArgumentParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         report(f"{one_line(message)}; see {self.prog} --help")
         sys.exit(2)
+
+
+def number(kind: type = int, minimum: float | None = None) -> Callable[[str], float]:
+    """An argparse type: a finite number of `kind`, at least `minimum`."""
+    import math
+
+    expected = ("an integer" if kind is int else "a finite number") + (f" >= {minimum:g}" if minimum is not None else "")
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}") from None
+        if not math.isfinite(value) or (minimum is not None and value < minimum):
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
+
+
+def numbers(minimum: int = 1) -> Callable[[str], list[int]]:
+    """An argparse type: comma-separated integers, each at least `minimum`."""
+    one = number(int, minimum)
+
+    def parse(text: str) -> list[int]:
+        return [one(part.strip()) for part in text.split(",")]
+
+    return parse

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from packedss.errors import PackedSSError
+from packedss.errors import InvalidJobs, PackedSSError, run_reporting
 from packedss.paths import CONF_DIR
 
 # Questions in each benchmark's evaluation split, by (task, split, variant): what `limit: null`
@@ -194,7 +194,7 @@ def plan(sweeps: Sequence[Sequence[str]], config_dir: Path = CONF_DIR) -> list[P
         job.number = number
     message = invalid_jobs_message(jobs)
     if message is not None:
-        raise PackedSSError(message)
+        raise InvalidJobs(message)
     planned, seen = [], set()
     for job in jobs:
         identity = job_identity(job.cfg)
@@ -271,13 +271,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if any(argument in ("-h", "--help") for argument in arguments):
         print(__doc__)
         return 0
-    try:
-        jobs = plan(split_sweeps(arguments))
-    except PackedSSError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(format_plan(jobs))
-    return 0
+    return run_reporting(lambda: print(format_plan(plan(split_sweeps(arguments)))))
 
 
 if __name__ == "__main__":

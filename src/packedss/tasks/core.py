@@ -126,8 +126,8 @@ class Task:
             raise DataUnavailable(f"task {self.name}: the data set holds no questions", "check its file (docs/data.md)")
         if limit is not None and int(limit) > len(qs):
             raise DataUnavailable(
-                f"task {self.name}: limit={limit} asks for more questions than the data set's {len(qs)}",
-                f"use limit={len(qs)} or limit=null for all of them",
+                f"task {self.name}: {limit} questions asked for (the limit), but the data set holds {len(qs)}",
+                f"lower the limit to {len(qs)} or less, or set limit=null for all of them",
             )
         return list(qs if limit is None else qs[: max(0, int(limit))])
 
