@@ -14,17 +14,28 @@ composition errors included, ends with one `error: ...` line and exit status 2
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import traceback
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from hydra.types import RunMode
-from omegaconf import DictConfig
+from packedss.errors import INTERRUPTED, PackedSSError, Stopped, exit_status, raise_stopped, report, run_cli, user_message
 
-from packedss.config import register_configs
-from packedss.errors import PackedSSError, exit_status, report, run_cli, user_message
-from packedss.runner import run_job
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, raise_stopped)  # stops like Ctrl-C, also while the libraries load
+try:
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+    from omegaconf import DictConfig
+
+    from packedss.config import register_configs
+    from packedss.runner import run_job
+except KeyboardInterrupt:  # Ctrl-C while torch and transformers load
+    report(INTERRUPTED)
+    sys.exit(130)
+except Stopped as err:
+    report(str(err))
+    sys.exit(err.exit_status)
 
 register_configs()
 
