@@ -159,8 +159,8 @@ def test_plan_lists_each_invalid_job_on_its_own_line(tmp_path):
     result = module("packedss.plan", ["+experiment=table3", "+widht=3"], tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
     lines = result.stderr.splitlines()
-    assert lines[0] == "error: 4 of 4 jobs of this sweep are invalid; nothing was run. Fix or drop them:"
-    assert sum("unknown key widht (did you mean width?)" in line for line in lines) == 4
+    assert lines[0] == "error: 6 of 6 jobs of this sweep are invalid; nothing was run. Fix or drop them:"
+    assert sum("unknown key widht (did you mean width?)" in line for line in lines) == 6
 
 
 # --------------------------------------------------------------------------- scripts and make targets
