@@ -247,3 +247,26 @@ def test_a_sweep_lists_its_jobs_whose_out_dir_is_a_file_and_runs_none(tmp_path):
     assert lines[0] == "error: 2 of 2 jobs of this sweep are invalid; nothing was run. Fix or drop them:"
     assert sum(f"out_dir={a_file}: {a_file} is a file, not a directory" in line for line in lines) == 2
     assert a_file.read_text() == ""
+
+
+def test_enospc_part_way_through_a_record_leaves_the_file_as_it_was(tmp_path, monkeypatch):
+    import errno
+
+    from packedss import records
+    from packedss.errors import PackedSSError
+
+    path = tmp_path / "r.jsonl"
+    with records.RecordWriter(path) as writer:
+        writer.append({"question_id": "q0", "repeat": 0})
+    before = path.read_bytes()
+    real_write = os.write
+
+    def disk_fills(fd, data):
+        real_write(fd, bytes(data[:10]))  # part of the line reaches the disk, then it is full
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with records.RecordWriter(path) as writer:
+        monkeypatch.setattr(records.os, "write", disk_fills)
+        with pytest.raises(PackedSSError, match=r"cannot write a record to .*\(No space left on device\); free space"):
+            writer.append({"question_id": "q1", "repeat": 0})
+    assert path.read_bytes() == before

@@ -98,10 +98,11 @@ def test_mbpp_records_with_local_data_regrade_without_any_download(tmp_path):
               "extracted_answer": None, "correct": None, "grader": None}  # fmt: skip
     path = tmp_path / "r.jsonl"
     path.write_text(json.dumps(record) + "\n")
-    dead = "http://127.0.0.1:9"  # any download attempt fails at once
+    dead = "http://127.0.0.1:9"  # any download attempt fails at once, and no cached copy is at hand
+    env = offline_env(tmp_path, http_proxy=dead, https_proxy=dead, HTTP_PROXY=dead, HTTPS_PROXY=dead,
+                      XDG_CACHE_HOME=str(tmp_path / "cache"), HOME=str(tmp_path / "home"))  # fmt: skip
     result = subprocess.run([sys.executable, "-m", "packedss.grade", str(path)], capture_output=True, text=True,
-                            cwd=tmp_path, timeout=600,
-                            env=offline_env(tmp_path, http_proxy=dead, https_proxy=dead, HTTP_PROXY=dead, HTTPS_PROXY=dead))  # fmt: skip
+                            cwd=tmp_path, timeout=600, env=env)  # fmt: skip
     assert result.returncode == 0 and "re-graded 1 records" in result.stdout, result.stderr[-3000:]
     assert json.loads(path.read_text())["grader"]["name"] == "mbpp"
 

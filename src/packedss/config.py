@@ -96,15 +96,15 @@ def _choice(value, valid, key: str) -> None:
         raise PackedSSError(f"invalid {key}={value!r}; valid choices: {', '.join(map(str, valid))}")
 
 
-def unknown_keys(cfg, schema=RunConfig, prefix: str = "") -> None:
+def unknown_keys(cfg) -> None:
     """Keys added with `+` (`+widht=3`) that no schema field names: the schema lets them through."""
-    fields = {f.name: f for f in dataclasses.fields(schema)}
-    for key in cfg.keys():
-        if key not in fields:
-            raise PackedSSError(unknown_key_message(f"{prefix}{key}", fields))
-    for name, nested in (("model", ModelConfig), ("task", TaskConfig), ("schedule", ScheduleConfig)):
-        if schema is RunConfig and name in cfg and cfg[name] is not None:
-            unknown_keys(cfg[name], nested, f"{name}.")
+    nodes = ((cfg, RunConfig, ""), (cfg.model, ModelConfig, "model."), (cfg.task, TaskConfig, "task."),
+             (cfg.schedule, ScheduleConfig, "schedule."))  # fmt: skip
+    for node, schema, prefix in nodes:
+        names = [f.name for f in dataclasses.fields(schema)]
+        for key in node.keys():
+            if key not in names:
+                raise PackedSSError(unknown_key_message(f"{prefix}{key}", names))
 
 
 def _finite(cfg, key: str) -> None:

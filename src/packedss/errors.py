@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import os
 import re
 import signal
@@ -65,16 +66,10 @@ def unknown_key_message(full_key: str, valid) -> str:
     return f"unknown key {full_key}{closest(key, valid)}; fix or remove it (valid keys: {', '.join(valid)})"
 
 
-def _node_keys(node) -> list[str]:
-    try:
-        return [str(key) for key in node.keys()]
-    except Exception:  # a parent node that is not a mapping
-        return []
-
-
 def hydra_message(err: BaseException) -> Optional[str]:
     """One line for a Hydra composition or OmegaConf error; None when `err` is neither."""
     from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+    from omegaconf import DictConfig
     from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
 
     if isinstance(err, MissingConfigException):
@@ -90,7 +85,8 @@ def hydra_message(err: BaseException) -> Optional[str]:
         return f"cannot parse the override: {one_line(str(err).splitlines()[0])}; write key=value (docs: README 'Running')"
     cause = err.__cause__ if isinstance(err, HydraException) else err
     if isinstance(cause, (ConfigAttributeError, ConfigKeyError)) and getattr(cause, "full_key", None):
-        valid = [k for k in _node_keys(cause.parent_node) if k != "hydra" and not k.startswith("_")]
+        keys = cause.parent_node.keys() if isinstance(cause.parent_node, DictConfig) else ()
+        valid = [str(k) for k in keys if k != "hydra" and not str(k).startswith("_")]
         return unknown_key_message(str(cause.full_key), valid)
     if isinstance(cause, ValidationError) and getattr(cause, "full_key", None):
         reason = str(cause).splitlines()[0]
@@ -107,10 +103,7 @@ def user_message(err: BaseException) -> Optional[str]:
         return str(err)
     if isinstance(err, PackedSSError):
         return one_line(str(err))
-    try:
-        return hydra_message(err)
-    except ImportError:  # Hydra not importable: not a Hydra error
-        return None
+    return hydra_message(err)
 
 
 def report(message: str, err: Optional[BaseException] = None) -> None:
@@ -160,8 +153,6 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def number(kind: type = int, minimum: float | None = None) -> Callable[[str], float]:
     """An argparse type: a finite number of `kind`, at least `minimum`."""
-    import math
-
     expected = ("an integer" if kind is int else "a finite number") + (f" >= {minimum:g}" if minimum is not None else "")
 
     def parse(text: str):
