@@ -115,7 +115,7 @@ def test_out_dir_that_is_no_writable_folder_fails_before_loading(where, tmp_path
     out = {"file": a_file, "below-a-file": a_file / "records", "unwritable": _unwritable_dir(tmp_path) / "records"}[where]
     line = error_line(run_py([f"out_dir={out}", "limit=1"], tmp_path))
     assert f"out_dir={out}" in line and ("is a file" in line if where != "unwritable" else "cannot write in" in line)
-    assert a_file.read_text() == "keep\n" and not out.exists()
+    assert a_file.read_text() == "keep\n" and (where == "file" or not out.exists())
 
 
 @needs_tiny
@@ -130,10 +130,21 @@ def test_a_full_disk_while_a_record_is_written_cuts_the_partial_line(tmp_path):
     def small_files():
         resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
 
-    result = run(run_py_command([*args, "limit=3"], tmp_path), tmp_path, preexec_fn=small_files)
+    quiet = ["hydra.output_subdir=null", "hydra/job_logging=disabled"]  # Hydra's own files stay below the limit too
+    result = run(run_py_command([*args, "limit=3", *quiet], tmp_path), tmp_path, preexec_fn=small_files)
     line = error_line(result)
     assert f"cannot write a record to {path}" in line and "rerun the same command to resume" in line
     assert path.read_bytes() == before  # the torn line is cut: the file is as it was
+
+
+def test_a_full_disk_before_the_job_starts_is_one_line_too(tmp_path):
+    def tiny_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300, 300))  # Hydra's config.yaml of the run is larger
+
+    out = tmp_path / "out"
+    line = error_line(run(run_py_command(["limit=1", f"out_dir={out}"], tmp_path), tmp_path, preexec_fn=tiny_files))
+    assert line.startswith("error: File too large") and "free space on its disk" in line, line
+    assert not out.exists()
 
 
 # --------------------------------------------------------------------------- model
@@ -233,8 +244,18 @@ def test_a_signal_while_the_libraries_load_is_one_line_too(signum, status, tmp_p
 
 
 def test_a_sweep_with_an_unknown_option_is_one_line(tmp_path):
-    line = error_line(run_py(["-m", "model=tiny,nope", f"out_dir={tmp_path / 'out'}"], tmp_path))
-    assert "Could not find 'model/nope'" in line
+    line = error_line(run_py(["-m", "model=nope", f"out_dir={tmp_path / 'out'}"], tmp_path))
+    assert "Could not find 'model/nope'; valid choices for model:" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_sweep_lists_its_job_with_an_unknown_option_on_one_line_and_runs_none(tmp_path):
+    result = run_py(["-m", "model=tiny,nope", f"out_dir={tmp_path / 'out'}"], tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    first, job, problem = result.stderr.splitlines()
+    assert first == "error: 1 of 2 jobs of this sweep are invalid; nothing was run. Fix or drop them:"
+    assert job.split() == ["#1", "model=nope", f"out_dir={tmp_path / 'out'}"]
+    assert problem.strip().startswith("Could not find 'model/nope'; valid choices for model:")
     assert not (tmp_path / "out").exists()
 
 

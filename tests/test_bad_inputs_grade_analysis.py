@@ -150,6 +150,7 @@ def test_a_bad_record_line_is_warned_about_once(tmp_path):
     (["+experiment=table6", "widht=3"], "unknown key widht (did you mean width?)"),
     (["+experiment=table6", "threads=abc"], "invalid value for threads"),
     (["+experiment=table6", "--and", "model=nope"], "valid choices for model:"),
+    (["+experiment=table6", "limit=400"], "task mbpp: limit=400 asks for more questions than its 378"),
 ])  # fmt: skip
 def test_plan_errors(arguments, expected, tmp_path):
     line = error_line(module("packedss.plan", arguments, tmp_path))

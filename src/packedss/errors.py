@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import math
 import os
 import re
@@ -20,6 +21,7 @@ from typing import Callable, NoReturn, Optional
 
 TRACEBACK_VARIABLE = "PACKEDSS_TRACEBACK"
 INTERRUPTED = "interrupted; rerun the same command to resume"
+FULL_DISK = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 
 
 class PackedSSError(Exception):
@@ -103,6 +105,9 @@ def user_message(err: BaseException) -> Optional[str]:
         return str(err)
     if isinstance(err, PackedSSError):
         return one_line(str(err))
+    if isinstance(err, OSError) and err.errno in FULL_DISK:  # Hydra's own files, a cache
+        where = f" writing {err.filename}" if err.filename else ""
+        return f"{err.strerror}{where}; free space on its disk, then rerun the same command to resume"
     return hydra_message(err)
 
 

@@ -82,7 +82,12 @@ def question_count(task, limit: Optional[int]) -> int:
                 f"{task.variant or 'none'}); set limit=N, or add it to packedss.plan.TASK_SIZES"
             )
         return limit
-    return size if limit is None else min(limit, size)
+    if limit is not None and limit > size:  # the job would stop at its start (Task.questions)
+        raise PackedSSError(
+            f"task {task.name}: limit={limit} asks for more questions than its {size}; "
+            f"lower the limit to {size} or less, or set limit=null for all of them"
+        )
+    return size if limit is None else limit
 
 
 def _paper_costs() -> dict[tuple, tuple[float, float]]:
