@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     ap.add_argument("--dtype", default="auto", choices=("auto", *DTYPES), help="auto: bfloat16 on CUDA, float32 on CPU")
     ap.add_argument("--attn", default="sdpa", help="attention implementations to time, comma separated "
                     "(sdpa, flex_attention, eager); every one gets the same custom 4D mask")  # fmt: skip
-    ap.add_argument("--blocks", type=numbers(2), default=None, help="block sizes B = W + 1 (default 8,16,32; with --compile 9,32)")
+    ap.add_argument("--blocks", type=numbers(1), default=None, help="block sizes B = W + 1 (default 8,16,32; with --compile 9,32)")
     ap.add_argument("--prefix", type=numbers(1), default=None, help="cached prefix lengths C (default 128,512; with --compile 64,512)")
     ap.add_argument("--compile", default="none", choices=COMPILE_MODES,
                     help="compare eager calls with the static path compiled in this mode")  # fmt: skip

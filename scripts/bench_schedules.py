@@ -48,7 +48,6 @@ from packedss.paths import CONF_DIR  # noqa: E402
 from packedss.tasks import TASK_NAMES, DataUnavailable  # noqa: E402
 
 MODELS = sorted(path.stem for path in (CONF_DIR / "model").glob("*.yaml"))
-SCHEDULES = sorted({name for family in FAMILIES.values() for name in family.schedules})
 ORDERS = sorted({order for family in FAMILIES.values() for order in family.orders})
 
 
@@ -88,9 +87,6 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not Path(args.model).is_dir() and args.model not in MODELS:
         ap.error(f"unknown --model {args.model}{closest(args.model, MODELS)}; valid: {', '.join(MODELS)} or a checkpoint directory")
-    unknown = [name for name in args.schedules.split(",") if name not in SCHEDULES]
-    if unknown:
-        ap.error(f"unknown --schedules {', '.join(unknown)}{closest(unknown[0], SCHEDULES)}; valid: {', '.join(SCHEDULES)}")
 
     if args.threads > 0:
         torch.set_num_threads(args.threads)

@@ -170,10 +170,10 @@ def test_plan_lists_each_invalid_job_on_its_own_line(tmp_path):
 
 @pytest.mark.parametrize("name, arguments, expected", [
     ("bench_calls.py", ["--shape", "tiyn"], "unknown --shape tiyn (did you mean tiny?)"),
-    ("bench_calls.py", ["--blocks", "8,a"], "argument --blocks: expected an integer >= 2, got 'a'"),
+    ("bench_calls.py", ["--blocks", "8,a"], "argument --blocks: expected an integer >= 1, got 'a'"),
     ("bench_calls.py", ["--config", "nowhere"], "does not exist"),
     ("bench_schedules.py", ["--model", "tinyy"], "unknown --model tinyy (did you mean tiny?)"),
-    ("bench_schedules.py", ["--schedules", "linear,packd"], "unknown --schedules packd (did you mean packed?)"),
+    ("bench_schedules.py", ["--schedules", "linear,packd"], "unknown schedules ['packd'] for the nemotron family; valid: ar,"),
     ("bench_schedules.py", ["--temperature", "nan"], "expected a finite number >= 0, got 'nan'"),
     ("bench_schedules.py", ["--task", "gsm8k", "--data-dir", "nowhere"], "pass --data-dir DIR holding gsm8k_test.jsonl"),
 ])  # fmt: skip
