@@ -23,10 +23,8 @@ layer and the head: the arithmetic no call path removes), and ends with the line
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -44,27 +42,32 @@ from packedss.benchmark.calls import (  # noqa: E402
     render_compiled,
     shape_config,
 )
-from packedss.models.checkpoint import resolve_dtype  # noqa: E402
+from packedss.errors import ArgumentParser, closest, number, numbers, run_cli  # noqa: E402
+from packedss.models.checkpoint import DTYPES, resolve_dtype  # noqa: E402
 from packedss.models.static import COMPILE_MODES  # noqa: E402
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(prog="scripts/bench_calls.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="tiny", help=f"named backbone shape: {', '.join(SHAPES)}")
     ap.add_argument("--config", default=None, help="a checkpoint directory or config.json (overrides --shape)")
-    ap.add_argument("--device", default="auto", help="auto | cpu | cuda")
-    ap.add_argument("--dtype", default="auto", help="auto (bfloat16 on CUDA, float32 on CPU) | float32 | bfloat16 | ...")
+    ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    ap.add_argument("--dtype", default="auto", choices=("auto", *DTYPES), help="auto: bfloat16 on CUDA, float32 on CPU")
     ap.add_argument("--attn", default="sdpa", help="attention implementations to time, comma separated "
                     "(sdpa, flex_attention, eager); every one gets the same custom 4D mask")  # fmt: skip
-    ap.add_argument("--blocks", default=None, help="block sizes B = W + 1 (default 8,16,32; with --compile 9,32)")
-    ap.add_argument("--prefix", default=None, help="cached prefix lengths C (default 128,512; with --compile 64,512)")
+    ap.add_argument("--blocks", type=numbers(1), default=None, help="block sizes B = W + 1 (default 8,16,32; with --compile 9,32)")
+    ap.add_argument("--prefix", type=numbers(1), default=None, help="cached prefix lengths C (default 128,512; with --compile 64,512)")
     ap.add_argument("--compile", default="none", choices=COMPILE_MODES,
                     help="compare eager calls with the static path compiled in this mode")  # fmt: skip
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--iters", type=int, default=10)
-    ap.add_argument("--threads", type=int, default=1, help="CPU intra-op threads (0: torch's default)")
+    ap.add_argument("--warmup", type=number(int, 0), default=3)
+    ap.add_argument("--iters", type=number(int, 1), default=10)
+    ap.add_argument("--threads", type=number(int, 0), default=1, help="CPU intra-op threads (0: torch's default)")
     ap.add_argument("--json", default=None, help="write every measurement to this file")
     args = ap.parse_args(argv)
+    if args.config is None and args.shape not in SHAPES:
+        ap.error(f"unknown --shape {args.shape}{closest(args.shape, SHAPES)}; valid: {', '.join(SHAPES)} (or --config DIR)")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda but no CUDA device is available; use --device cpu or auto")
 
     compiling = args.compile != "none"
     if args.threads > 0:
@@ -74,8 +77,8 @@ def main(argv=None) -> int:
     dtype = resolve_dtype("bfloat16" if args.dtype == "auto" and device.type == "cuda" else
                           ("float32" if args.dtype == "auto" else args.dtype))  # fmt: skip
     config = shape_config(args.shape, args.config)
-    blocks = [int(b) for b in (args.blocks or ("9,32" if compiling else "8,16,32")).split(",")]
-    prefixes = [int(c) for c in (args.prefix or ("64,512" if compiling else "128,512")).split(",")]
+    blocks = args.blocks or ([9, 32] if compiling else [8, 16, 32])
+    prefixes = args.prefix or ([64, 512] if compiling else [128, 512])
     what = args.config or args.shape
     report = {"shape": what, "device": str(device), "dtype": str(dtype).replace("torch.", ""), "compile": args.compile,
               "torch": torch.__version__, "threads": torch.get_num_threads(), "runs": {}}  # fmt: skip
@@ -118,4 +121,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -4,7 +4,12 @@ lists the valid choices. What a family accepts comes from the family table (pack
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import os
+import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 from hydra.core.config_store import ConfigStore
@@ -13,7 +18,7 @@ from omegaconf.errors import InterpolationResolutionError
 
 from packedss.decoding.trace import TIMINGS
 from packedss.decoding.verify import VERIFY_RULES
-from packedss.errors import PackedSSError
+from packedss.errors import PackedSSError, unknown_key_message
 from packedss.families import FAMILIES, family_named
 from packedss.models.checkpoint import DTYPES
 from packedss.models.static import COMPILE_MODES
@@ -91,9 +96,27 @@ def _choice(value, valid, key: str) -> None:
         raise PackedSSError(f"invalid {key}={value!r}; valid choices: {', '.join(map(str, valid))}")
 
 
+def unknown_keys(cfg) -> None:
+    """Keys added with `+` (`+widht=3`) that no schema field names: the schema lets them through."""
+    nodes = ((cfg, RunConfig, ""), (cfg.model, ModelConfig, "model."), (cfg.task, TaskConfig, "task."),
+             (cfg.schedule, ScheduleConfig, "schedule."))  # fmt: skip
+    for node, schema, prefix in nodes:
+        names = [f.name for f in dataclasses.fields(schema)]
+        for key in node.keys():
+            if key not in names:
+                raise PackedSSError(unknown_key_message(f"{prefix}{key}", names))
+
+
+def _finite(cfg, key: str) -> None:
+    value = cfg[key]
+    if value is not None and isinstance(value, float) and not math.isfinite(value):
+        raise PackedSSError(f"invalid {key}={value}; {key} must be a finite number")
+
+
 def validate(cfg) -> None:
     """Check every value that the schema's types cannot; raises PackedSSError with one message."""
     if OmegaConf.is_config(cfg):
+        unknown_keys(cfg)
         try:
             OmegaConf.to_container(cfg, resolve=True)
         except InterpolationResolutionError as err:
@@ -102,6 +125,8 @@ def validate(cfg) -> None:
     _choice(cfg.model.family, tuple(FAMILIES), "model.family")
     family = family_named(cfg.model.family)
     _choice(cfg.schedule.name, family.schedules, f"schedule (for the {family.name} family)")
+    _finite(cfg, "temperature")
+    _finite(cfg.task, "time_limit_s")
     if cfg.width < 1:
         raise PackedSSError(f"invalid width={cfg.width}; the speculative width must be >= 1")
     if cfg.temperature < 0:
@@ -138,6 +163,26 @@ def validate(cfg) -> None:
         raise PackedSSError(f"invalid limit={cfg.limit}; must be >= 1, or null for all questions")
     if cfg.max_new_tokens is not None and cfg.max_new_tokens < 1:
         raise PackedSSError(f"invalid max_new_tokens={cfg.max_new_tokens}; must be >= 1")
+    if cfg.threads < 0:
+        raise PackedSSError(f"invalid threads={cfg.threads}; must be >= 1, or 0 for the default (1 on CPU)")
+
+
+def check_out_dir(out_dir: str) -> None:
+    """out_dir is, or can be made, a writable directory: checked before anything is loaded, so a
+    job does not load a model only to fail at its first record. Creates nothing."""
+    path = Path(os.path.expanduser(str(out_dir))).absolute()
+    existing = path
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise PackedSSError(f"out_dir={out_dir}: {existing} is a file, not a directory; choose another out_dir")
+    try:  # a real probe: permissions, read-only file systems and root's exceptions alike
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as err:
+        raise PackedSSError(
+            f"out_dir={out_dir}: cannot write in {existing} ({err.strerror}); choose a writable out_dir"
+        ) from None
 
 
 def resolved_order(cfg) -> Optional[str]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from packedss.errors import PackedSSError
+from packedss.errors import InvalidJobs, PackedSSError, run_reporting
 from packedss.paths import CONF_DIR
 
 # Questions in each benchmark's evaluation split, by (task, split, variant): what `limit: null`
@@ -82,7 +82,12 @@ def question_count(task, limit: Optional[int]) -> int:
                 f"{task.variant or 'none'}); set limit=N, or add it to packedss.plan.TASK_SIZES"
             )
         return limit
-    return size if limit is None else min(limit, size)
+    if limit is not None and limit > size:  # the job would stop at its start (Task.questions)
+        raise PackedSSError(
+            f"task {task.name}: limit={limit} asks for more questions than its {size}; "
+            f"lower the limit to {size} or less, or set limit=null for all of them"
+        )
+    return size if limit is None else limit
 
 
 def _paper_costs() -> dict[tuple, tuple[float, float]]:
@@ -190,7 +195,7 @@ def plan(sweeps: Sequence[Sequence[str]], config_dir: Path = CONF_DIR) -> list[P
         job.number = number
     message = invalid_jobs_message(jobs)
     if message is not None:
-        raise PackedSSError(message)
+        raise InvalidJobs(message)
     planned, seen = [], set()
     for job in jobs:
         identity = job_identity(job.cfg)
@@ -267,13 +272,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if any(argument in ("-h", "--help") for argument in arguments):
         print(__doc__)
         return 0
-    try:
-        jobs = plan(split_sweeps(arguments))
-    except PackedSSError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(format_plan(jobs))
-    return 0
+    return run_reporting(lambda: print(format_plan(plan(split_sweeps(arguments)))))
 
 
 if __name__ == "__main__":

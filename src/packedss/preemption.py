@@ -2,7 +2,8 @@
 a job, submitit sends SIGUSR2 shortly before the time limit (and then requeues the job). On
 either, the response in flight is abandoned, never half-written: a record is appended, flushed
 and fsynced as a whole, and a signal that arrives while one is written takes effect right after.
-The job then stops; its next run resumes from the records on disk and loses nothing.
+The job then stops; its next run resumes from the records on disk and loses nothing. Ctrl-C
+(SIGINT) stops it the same way, with exit status 130 (143 for SIGTERM: 128 + the signal).
 
 A handler installed before ours (submitit's requeue on SIGUSR2) still runs, after the record
 file is safe; without one the job raises `Preempted`."""
@@ -13,13 +14,13 @@ import contextlib
 import signal
 import threading
 
-from packedss.errors import PackedSSError
+from packedss.errors import Stopped, raise_stopped
 
-SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+SIGNALS = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT)
 
 
-class Preempted(PackedSSError):
-    """The job was told to stop (SIGTERM or SIGUSR2) and did, at a record boundary."""
+class Preempted(Stopped):
+    """The job was told to stop (SIGTERM, SIGUSR2 or SIGINT) and did, at a record boundary."""
 
 
 class SignalGuard:
@@ -49,9 +50,10 @@ class SignalGuard:
 
     def _stop(self, signum, frame) -> None:
         previous = self._previous.get(signum)
-        if callable(previous):
+        # Python's and the entry points' own handlers only raise: Preempted says the same
+        if callable(previous) and previous not in (signal.default_int_handler, raise_stopped):
             previous(signum, frame)  # e.g. submitit: checkpoint, requeue, exit
-        raise Preempted(f"stopped by {signal.Signals(signum).name}; rerun the same command to resume")
+        raise Preempted(signum)
 
     @contextlib.contextmanager
     def critical(self):

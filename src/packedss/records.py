@@ -159,8 +159,14 @@ class RecordWriter:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._handle = open(self.path, "a+b")  # noqa: SIM115 - held for the writer's lifetime
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._created = not self.path.exists()  # removed again on close if it stays empty
+            self._handle = open(self.path, "a+b")  # noqa: SIM115 - held for the writer's lifetime
+        except OSError as err:
+            raise PackedSSError(
+                f"cannot create the record file {self.path} ({err.strerror}); choose a writable out_dir"
+            ) from None
         try:
             fcntl.flock(self._handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -180,12 +186,25 @@ class RecordWriter:
         }
 
     def append(self, record: dict) -> None:
-        self._handle.write(encode_record(record))
-        self._handle.flush()
-        os.fsync(self._handle.fileno())
+        """Append one whole record; when a write fails (a full disk) the partial line is cut off."""
+        fd = self._handle.fileno()
+        end = os.fstat(fd).st_size
+        data = memoryview(encode_record(record))
+        try:
+            while data:  # unbuffered: nothing of a failed write is left to be flushed later
+                data = data[os.write(fd, data) :]
+            os.fsync(fd)
+        except OSError as err:
+            os.ftruncate(fd, end)
+            raise PackedSSError(
+                f"cannot write a record to {self.path} ({err.strerror}); free space on its disk or choose another "
+                "out_dir, then rerun the same command to resume"
+            ) from None
 
     def close(self) -> None:
         if not self._handle.closed:
+            if self._created and os.fstat(self._handle.fileno()).st_size == 0:
+                self.path.unlink(missing_ok=True)
             fcntl.flock(self._handle.fileno(), fcntl.LOCK_UN)
             self._handle.close()
 

@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 import packedss
 from packedss.errors import PackedSSError
-from packedss.config import validate, validate_width
+from packedss.config import check_out_dir, validate, validate_width
 from packedss.decoding import Sampling
 from packedss.decoding.verify import question_seed
 from packedss.families import family_named
@@ -74,6 +74,7 @@ def resolve_dtype_name(name: str, device: torch.device) -> str:
 
 def run_job(cfg) -> JobResult:
     validate(cfg)
+    check_out_dir(cfg.out_dir)
     family = family_named(cfg.model.family)
     device = resolve_device(cfg.device)
     if cfg.threads > 0 or device.type == "cpu":
@@ -138,7 +139,6 @@ def run_job(cfg) -> JobResult:
         enable_static(model, spec.compile, static_capacity(longest_prompt, spec.max_new_tokens, largest_call))
     stop_check = make_stop_check(tokenizer, stops)
     path = spec.record_path(cfg.out_dir)
-    existed = path.exists()
     responses = [(q, k, r) for q in questions for k in range(cfg.samples) for r in range(cfg.repeats)]
     with SignalGuard() as guard, RecordWriter(path) as writer:
         done = writer.done_keys(spec.config_hash)
@@ -188,8 +188,6 @@ def run_job(cfg) -> JobResult:
             bar.set_postfix(tok_s=f"{tokens_total / max(wall_total, 1e-9):.1f}",
                             accepted=f"{accepted_total / max(iterations_total, 1):.2f}")  # fmt: skip
         bar.close()
-    if not existed and written == 0 and path.stat().st_size == 0:
-        path.unlink()
     return JobResult(path=path, written=written, skipped=len(responses) - len(pending))
 
 

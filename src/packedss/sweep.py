@@ -26,7 +26,7 @@ from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from packedss.errors import PackedSSError
+from packedss.errors import PackedSSError, user_message
 from packedss.paths import PROJECT_ROOT
 
 
@@ -108,11 +108,12 @@ def local_max_block(cfg, checkpoint) -> Optional[int]:
 def check_job(cfg) -> Optional[str]:
     """Why the job cannot run, from its config alone and without loading any weights or data:
     invalid values, no checkpoint for its width, a width its checkpoint's drafter cannot hold."""
-    from packedss.config import validate, validate_width
+    from packedss.config import check_out_dir, validate, validate_width
     from packedss.models import select_checkpoint
 
     try:
         validate(cfg)
+        check_out_dir(cfg.out_dir)
         checkpoint = select_checkpoint(cfg.model, cfg.checkpoint_dirs)
         validate_width(cfg, local_max_block(cfg, checkpoint))
     except PackedSSError as err:
@@ -140,7 +141,7 @@ def compose_jobs(config_loader, master_config: DictConfig, params, grids, argume
         try:
             cfg = job_config(config_loader, master_config, overrides)
         except Exception as err:  # Hydra's composition errors come in several types
-            jobs.append(Job(len(jobs), overrides, None, f"{type(err).__name__}: {err}"))
+            jobs.append(Job(len(jobs), overrides, None, user_message(err) or f"{type(err).__name__}: {err}"))
             continue
         problem = check_job(cfg)
         if problem is None:

@@ -178,8 +178,9 @@ def test_cli_rejects_unknown_tables_and_empty_folders(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--tables", "1"])
     (tmp_path / "records").mkdir()
-    assert main([str(tmp_path), "--tables", "6"]) == 1
+    assert main([str(tmp_path), "--tables", "6"]) == 2
     assert "no usable records" in capsys.readouterr().err
+    assert not (tmp_path / "tables").exists() and not (tmp_path / "figures").exists()
 
 
 def test_figures_show_every_schedule_against_linear(results, tmp_path):

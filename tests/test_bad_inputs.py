@@ -1,0 +1,293 @@
+"""Bad input to `python run.py` (one job and sweeps), run as a user runs it: each ends with one
+`error: <what>; <fix>` line on stderr, exit status 2 (130 / 143 for SIGINT / SIGTERM), and no
+record file created or changed (docs/errors.md lists every case)."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from packedss.paths import PROJECT_ROOT
+from packedss.records import read_records
+from tests.bad_inputs import error_line, offline_env, run, run_py, run_py_command
+
+TINY = PROJECT_ROOT / "assets" / "models" / "tiny"
+needs_tiny = pytest.mark.skipif(not (TINY / "config.json").is_file(), reason="the shipped tiny model is absent")
+
+
+CONFIGURATION = [
+    (["model=nope"], ["Could not find 'model/nope'", "valid choices for model:", "tiny-set"]),
+    (["schedule=bogus"], ["Could not find 'schedule/bogus'", "ar, linear, native, packed, quadratic"]),
+    (["+experiment=tabel6"], ["(did you mean table6?)"]),
+    (["widht=3"], ["unknown key widht (did you mean width?)"]),
+    (["+widht=3"], ["unknown key widht (did you mean width?)"]),
+    (["+model.pth=x"], ["unknown key model.pth (did you mean path?)"]),
+    (["threads=abc"], ["invalid value for threads", "'abc'"]),
+    (["width=[1"], ["cannot parse the override"]),
+    (["threads=-3"], ["invalid threads=-3"]),
+    (["width=0"], ["invalid width=0"]),
+    (["temperature=inf"], ["invalid temperature=inf", "finite"]),
+    (["temperature=nan"], ["invalid temperature=nan", "finite"]),
+    (["temperature=-1"], ["invalid temperature=-1"]),
+]
+
+
+@pytest.mark.parametrize("overrides, expected", CONFIGURATION, ids=[" ".join(case[0]) for case in CONFIGURATION])
+def test_configuration_errors(overrides, expected, tmp_path):
+    out = tmp_path / "out"
+    line = error_line(run_py([*overrides, "limit=1", f"out_dir={out}"], tmp_path))
+    assert all(text in line for text in expected), line
+    assert not out.exists()
+
+
+def test_missing_weights_name_the_paths_option_with_its_plus(tmp_path):
+    line = error_line(run_py(["model=nemotron8b", f"out_dir={tmp_path / 'out'}"], tmp_path))
+    assert "+paths=local" in line and " paths=local" not in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_traceback_is_shown_behind_the_variable(tmp_path):
+    result = subprocess.run(run_py_command(["threads=-3"], tmp_path), capture_output=True, text=True, cwd=tmp_path,
+                            env=offline_env(tmp_path, PACKEDSS_TRACEBACK="1"), timeout=600)  # fmt: skip
+    assert result.returncode == 2
+    assert "Traceback" in result.stderr
+    assert result.stderr.splitlines()[-1].startswith("error: invalid threads=-3")
+
+
+# --------------------------------------------------------------------------- data
+
+
+def _gsm8k(tmp_path: Path, text: str) -> list[str]:
+    data = tmp_path / "data"
+    data.mkdir(exist_ok=True)
+    (data / "gsm8k_test.jsonl").write_text(text)
+    return ["task=gsm8k", f"data_dir={data}"]
+
+
+ROW = json.dumps({"question": "1 + 1?", "answer": "so #### 2"})
+
+
+@pytest.mark.parametrize(
+    "content, limit, expected",
+    [
+        (None, 1, ["does not exist", "pass data_dir=DIR holding gsm8k_test.jsonl"]),
+        ("", 1, ["holds no rows"]),
+        (f"{ROW}\n\n{{\"question\": \"b\",\n{ROW}\n", 1, ["gsm8k_test.jsonl: line 3 is not valid JSON"]),
+        (f"{ROW}\n{json.dumps({'problem': 'x', 'answer': '#### 1'})}\n", 1, ["row 2 of", "has no field 'question'"]),
+        (f"{ROW}\n{json.dumps({'question': 'x', 'answer': 'no number'})}\n", 1, ["row 2", "'#### N'"]),
+        (f"{ROW}\n{ROW}\n", 5, ["5 questions asked for", "holds 2", "lower the limit to 2"]),
+    ],
+    ids=["missing", "empty", "malformed-line-3", "wrong-fields", "no-gold-number", "fewer-rows-than-limit"],
+)
+def test_data_errors(content, limit, expected, tmp_path):
+    overrides = _gsm8k(tmp_path, content) if content is not None else ["task=gsm8k", f"data_dir={tmp_path / 'nowhere'}"]
+    out = tmp_path / "out"
+    line = error_line(run_py([*overrides, f"limit={limit}", f"out_dir={out}"], tmp_path))
+    assert all(text in line for text in expected), line
+    assert not out.exists()
+
+
+# --------------------------------------------------------------------------- file system
+
+
+def _unwritable_dir(tmp_path: Path) -> Path:
+    if os.geteuid() != 0:
+        folder = tmp_path / "read-only"
+        folder.mkdir()
+        folder.chmod(0o500)
+        return folder
+    if os.access("/sys", os.W_OK) and not Path("/sys").is_mount():
+        pytest.skip("running as root without a read-only /sys: no unwritable folder to try")
+    return Path("/sys")  # read-only even for root
+
+
+@pytest.mark.parametrize("where", ["file", "below-a-file", "unwritable"])
+def test_out_dir_that_is_no_writable_folder_fails_before_loading(where, tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("keep\n")
+    out = {"file": a_file, "below-a-file": a_file / "records", "unwritable": _unwritable_dir(tmp_path) / "records"}[where]
+    line = error_line(run_py([f"out_dir={out}", "limit=1"], tmp_path))
+    assert f"out_dir={out}" in line and ("is a file" in line if where != "unwritable" else "cannot write in" in line)
+    assert a_file.read_text() == "keep\n" and (where == "file" or not out.exists())
+
+
+@needs_tiny
+def test_a_full_disk_while_a_record_is_written_cuts_the_partial_line(tmp_path):
+    out = tmp_path / "out"
+    args = ["schedule=linear", "width=4", "max_new_tokens=16", "warmup=false", f"out_dir={out}"]
+    run_py([*args, "limit=1"], tmp_path).check_returncode()
+    (path,) = out.rglob("*.jsonl")
+    before = path.read_bytes()
+    limit = len(before) + 200  # the next record crosses it: the write fails part way (EFBIG, as ENOSPC would)
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    quiet = ["hydra.output_subdir=null", "hydra/job_logging=disabled"]  # Hydra's own files stay below the limit too
+    result = run(run_py_command([*args, "limit=3", *quiet], tmp_path), tmp_path, preexec_fn=small_files)
+    line = error_line(result)
+    assert f"cannot write a record to {path}" in line and "rerun the same command to resume" in line
+    assert path.read_bytes() == before  # the torn line is cut: the file is as it was
+
+
+def test_a_full_disk_before_the_job_starts_is_one_line_too(tmp_path):
+    def tiny_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (300, 300))  # Hydra's config.yaml of the run is larger
+
+    out = tmp_path / "out"
+    line = error_line(run(run_py_command(["limit=1", f"out_dir={out}"], tmp_path), tmp_path, preexec_fn=tiny_files))
+    assert line.startswith("error: File too large") and "free space on its disk" in line, line
+    assert not out.exists()
+
+
+# --------------------------------------------------------------------------- model
+
+
+def _model_dir(tmp_path: Path, kind: str) -> Path:
+    folder = tmp_path / kind
+    if kind == "missing":
+        return folder
+    folder.mkdir()
+    links = {"no-config": [], "bad-config": ["model.safetensors", "tokenizer.json", "tokenizer_config.json"],
+             "no-tokenizer": ["config.json", "model.safetensors"],
+             "truncated-weights": ["config.json", "tokenizer.json", "tokenizer_config.json"]}[kind]  # fmt: skip
+    for name in links:
+        (folder / name).symlink_to(TINY / name)
+    if kind == "bad-config":
+        (folder / "config.json").write_text('{"model_type": \n')
+    if kind == "truncated-weights":
+        (folder / "model.safetensors").write_bytes((TINY / "model.safetensors").read_bytes()[:100])
+    return folder
+
+
+@needs_tiny
+@pytest.mark.parametrize(
+    "kind, expected",
+    [
+        ("missing", "does not exist; set model.path"),
+        ("no-config", "has no config.json; point model.path"),
+        ("bad-config", "config.json is not valid JSON"),
+        ("no-tokenizer", "cannot load the tokenizer"),
+        ("truncated-weights", "model.safetensors ("),
+    ],
+)
+def test_model_errors(kind, expected, tmp_path):
+    out = tmp_path / "out"
+    line = error_line(run_py([f"model.path={_model_dir(tmp_path, kind)}", "limit=1", f"out_dir={out}"], tmp_path))
+    assert expected in line, line
+    assert not out.exists()
+
+
+@needs_tiny
+@pytest.mark.parametrize("kind, expected", [("missing", "has no adapter_config.json; set model.lora_path"),
+                                            ("malformed", "adapter_config.json is not valid JSON")])  # fmt: skip
+def test_lora_adapter_errors(kind, expected, tmp_path):
+    adapter = tmp_path / "adapter"
+    if kind == "malformed":
+        adapter.mkdir()
+        (adapter / "adapter_config.json").write_text('{"peft_type": ')
+    out = tmp_path / "out"
+    line = error_line(run_py(["model.lora=true", f"model.lora_path={adapter}", "limit=1", f"out_dir={out}"], tmp_path))
+    assert expected in line, line
+    assert not out.exists()
+
+
+# --------------------------------------------------------------------------- signals
+
+
+@needs_tiny
+@pytest.mark.parametrize("signum, status, message", [
+    (signal.SIGINT, 130, "error: interrupted; rerun the same command to resume"),
+    (signal.SIGTERM, 143, "error: stopped by SIGTERM; rerun the same command to resume"),
+])  # fmt: skip
+def test_a_signal_mid_run_keeps_whole_records_and_says_how_to_resume(signum, status, message, tmp_path):
+    out = tmp_path / "out"
+    args = ["schedule=linear", "width=4", "limit=12", "max_new_tokens=96", "warmup=false", f"out_dir={out}"]
+    target = out / "tiny" / "arith" / "linear-W4-T0-s0.jsonl"
+    process = subprocess.Popen(run_py_command(args, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=offline_env(tmp_path), cwd=tmp_path)  # fmt: skip
+    deadline = time.time() + 300
+    while time.time() < deadline and process.poll() is None:
+        if target.exists() and target.read_bytes().count(b"\n") >= 2:
+            process.send_signal(signum)
+            break
+        time.sleep(0.005)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == status, stderr[-3000:]
+    assert stderr.splitlines() == [message]
+    kept, bad = read_records(target)
+    assert bad == [] and 2 <= len(kept) < 12
+
+
+@needs_tiny
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_while_the_libraries_load_is_one_line_too(signum, status, tmp_path):
+    out = tmp_path / "out"
+    process = subprocess.Popen(run_py_command([f"out_dir={out}"], tmp_path), stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, env=offline_env(tmp_path), cwd=tmp_path)  # fmt: skip
+    time.sleep(1.0)  # Python is up, torch is still being imported
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == status, stderr[-3000:]
+    assert len(stderr.splitlines()) == 1 and stderr.startswith("error: ") and "rerun the same command" in stderr
+    assert not out.exists()
+
+
+# --------------------------------------------------------------------------- sweeps
+
+
+def test_a_sweep_with_an_unknown_option_is_one_line(tmp_path):
+    line = error_line(run_py(["-m", "model=nope", f"out_dir={tmp_path / 'out'}"], tmp_path))
+    assert "Could not find 'model/nope'; valid choices for model:" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_sweep_lists_its_job_with_an_unknown_option_on_one_line_and_runs_none(tmp_path):
+    result = run_py(["-m", "model=tiny,nope", f"out_dir={tmp_path / 'out'}"], tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    first, job, problem = result.stderr.splitlines()
+    assert first == "error: 1 of 2 jobs of this sweep are invalid; nothing was run. Fix or drop them:"
+    assert job.split() == ["#1", "model=nope", f"out_dir={tmp_path / 'out'}"]
+    assert problem.strip().startswith("Could not find 'model/nope'; valid choices for model:")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_sweep_lists_its_jobs_whose_out_dir_is_a_file_and_runs_none(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("")
+    result = run_py(["-m", "schedule=ar,packed", f"out_dir={a_file}"], tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    lines = result.stderr.splitlines()
+    assert lines[0] == "error: 2 of 2 jobs of this sweep are invalid; nothing was run. Fix or drop them:"
+    assert sum(f"out_dir={a_file}: {a_file} is a file, not a directory" in line for line in lines) == 2
+    assert a_file.read_text() == ""
+
+
+def test_enospc_part_way_through_a_record_leaves_the_file_as_it_was(tmp_path, monkeypatch):
+    import errno
+
+    from packedss import records
+    from packedss.errors import PackedSSError
+
+    path = tmp_path / "r.jsonl"
+    with records.RecordWriter(path) as writer:
+        writer.append({"question_id": "q0", "repeat": 0})
+    before = path.read_bytes()
+    real_write = os.write
+
+    def disk_fills(fd, data):
+        real_write(fd, bytes(data[:10]))  # part of the line reaches the disk, then it is full
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    with records.RecordWriter(path) as writer:
+        monkeypatch.setattr(records.os, "write", disk_fills)
+        with pytest.raises(PackedSSError, match=r"cannot write a record to .*\(No space left on device\); free space"):
+            writer.append({"question_id": "q1", "repeat": 0})
+    assert path.read_bytes() == before
