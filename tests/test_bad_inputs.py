@@ -17,6 +17,7 @@ import pytest
 from packedss.paths import PROJECT_ROOT
 from packedss.records import read_records
 from tests.bad_inputs import error_line, offline_env, run, run_py, run_py_command
+from tests.test_runner import record_file
 
 TINY = PROJECT_ROOT / "assets" / "models" / "tiny"
 needs_tiny = pytest.mark.skipif(not (TINY / "config.json").is_file(), reason="the shipped tiny model is absent")
@@ -210,12 +211,13 @@ def test_lora_adapter_errors(kind, expected, tmp_path):
 def test_a_signal_mid_run_keeps_whole_records_and_says_how_to_resume(signum, status, message, tmp_path):
     out = tmp_path / "out"
     args = ["schedule=linear", "width=4", "limit=12", "max_new_tokens=96", "warmup=false", f"out_dir={out}"]
-    target = out / "tiny" / "arith" / "linear-W4-T0-s0.jsonl"
+    target, directory = None, out / "tiny" / "arith"
     process = subprocess.Popen(run_py_command(args, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env=offline_env(tmp_path), cwd=tmp_path)  # fmt: skip
     deadline = time.time() + 300
     while time.time() < deadline and process.poll() is None:
-        if target.exists() and target.read_bytes().count(b"\n") >= 2:
+        target = target or (directory.is_dir() and record_file(directory, "linear-W4-T0-s0.jsonl"))
+        if target and target.read_bytes().count(b"\n") >= 2:
             process.send_signal(signum)
             break
         time.sleep(0.005)

@@ -16,6 +16,7 @@ import pytest
 
 from packedss.paths import PROJECT_ROOT
 from packedss.tasks import load_task_config
+from tests.test_runner import record_file
 from tests.bad_inputs import SHARED_DATA, error_line, module, offline_env, run, run_py, script, snapshot
 
 TINY = PROJECT_ROOT / "assets" / "models" / "tiny"
@@ -134,7 +135,7 @@ def test_a_bad_record_line_is_warned_about_once(tmp_path):
     out = tmp_path / "records"
     run_py(["-m", "schedule=linear,packed", "width=4", "limit=2", "max_new_tokens=16", f"out_dir={out}"],
            tmp_path).check_returncode()  # fmt: skip
-    path = out / "tiny" / "arith" / "packed-W4-T0-s0.jsonl"
+    path = record_file(out / "tiny" / "arith", "packed-W4-T0-s0.jsonl")
     with open(path, "a") as handle:
         handle.write("{torn\n")
     result = module("packedss.analysis", [str(tmp_path), "--tables", "6", "--n-resamples", "100"], tmp_path)
