@@ -141,11 +141,14 @@ def run_reporting(main: Callable[[], Optional[int]]) -> int:
         return exit_status(err)
 
 
-def run_cli(main: Callable[[], Optional[int]]) -> NoReturn:
-    """Run an entry point's main and exit with its status; SIGTERM stops it like Ctrl-C (143)."""
+def run_cli(main: Callable[[], Optional[int]]) -> None:
+    """Run an entry point's main; exit with its status when it failed. SIGTERM stops it like
+    Ctrl-C (143)."""
     if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
         signal.signal(signal.SIGTERM, raise_stopped)
-    sys.exit(run_reporting(main))
+    status = run_reporting(main)
+    if status:
+        sys.exit(status)
 
 
 class ArgumentParser(argparse.ArgumentParser):
