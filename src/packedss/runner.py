@@ -175,6 +175,7 @@ def run_job(cfg) -> JobResult:
                 "output_text": text,
                 "finish_reason": out.finish_reason,
                 "output_hash": output_hash(out.tokens),
+                "output_ids": out.tokens,
                 **out.cost_fields(),
                 **grades[key],
             }

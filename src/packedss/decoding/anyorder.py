@@ -205,6 +205,7 @@ class _SetDecoder(Decoder):
         self.keys = dict(zip(window, conf))
         first = min(range(len(window)), key=lambda k: (-conf[k], window[k]))
         item = (window[first], self.drafts[window[first]][0])
+        self.note([window[first] - self.length], logits[first : first + 1])
         self.pending = [item]
         return self.resolve([item])
 
@@ -226,6 +227,7 @@ class _SetDecoder(Decoder):
         self.hits[-1] = h
         items = list(zip(sigma[:h], emitted[:h]))
         self.pending = [] if h == u else [(sigma[h], emitted[h])]
+        self.note([i - self.length for i, _ in items + self.pending], getattr(emitted, "deciding", None))
         self.model.commit(self.p[-1] + h)
         return h, self.resolve(items + self.pending)
 
@@ -238,6 +240,7 @@ class _SetDecoder(Decoder):
         width = self.settings.width if self.drafts_at_prefill else 1
         logits = self.run_window("prefill", prompt, list(range(self.length, self.length + width)))
         first = next_token(logits[0], self.settings.sampling).tolist()[0]
+        self.note([0], logits[:1])
         if width > 1:
             tokens, q = propose(logits[1:], self.settings.sampling)
             self.store(list(range(self.length + 1, self.length + width)), tokens, q)
@@ -270,6 +273,7 @@ class _AR(_SetDecoder):
         nxt = self.order(window)[0] if self.settings.order == "confidence" else window[0]
         logits = self.run_window("ar", self.pending, [nxt])
         item = (nxt, next_token(logits[-1], self.settings.sampling).tolist()[0])
+        self.note([nxt - self.length], logits[-1:])
         self.pending = [item]
         return self.resolve([item])
 
