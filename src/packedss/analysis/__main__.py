@@ -12,7 +12,7 @@ import argparse
 import sys
 import time
 
-from packedss.analysis import N_RESAMPLES, analyse, record_sources
+from packedss.analysis import N_RESAMPLES, analyse, audit, record_sources
 from packedss.analysis.figures import FIGURES
 from packedss.analysis.tables import TABLES
 
@@ -41,6 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-resamples", type=int, default=N_RESAMPLES, help=f"bootstrap resamples (default {N_RESAMPLES})")
     parser.add_argument("--out", default=None, help="write tables/ and figures/ here instead of RESULTS_DIR")
     parser.add_argument("--records", nargs="+", default=[], metavar="PATH", help="further record files or folders to read (e.g. other tables' runs)")
+    parser.add_argument("--strict", action="store_true", help="exit 3 when the divergence audit finds an unexplained divergence")
     args = parser.parse_args(argv)
 
     tables, figures = args.tables, args.figures
@@ -66,9 +67,16 @@ def main(argv: list[str] | None = None) -> int:
     if loaded.frame.empty:
         print(f"error: no usable records under {source}", file=sys.stderr)
         return 1
+    audited = audit.audit(results.per_response)
+    for line in audit.unexplained_lines(audited):
+        print(line, file=sys.stderr)
+    print(audit.note(audited))
     for path in results.written:
         print(f"wrote {path}")
     print(f"done in {time.perf_counter() - start:.1f} s")
+    if args.strict and audit.counts(audited)["unexplained"]:
+        print("error: unexplained divergences from AR (--strict); see the lines above", file=sys.stderr)
+        return 3
     return 0
 
 
