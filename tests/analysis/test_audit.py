@@ -17,7 +17,7 @@ from packedss.records import read_records
 from packedss.runner import run_job
 from tests.test_fidelity import _compose
 
-WIDTHS = (4, 8, 16, 31)
+WIDTHS = {"tiny": (4, 8, 16, 31), "tiny-set": (4, 8, 16)}  # tiny-set's drafter holds blocks of 16
 LOSSLESS = ("linear", "quadratic", "packed")
 
 
@@ -33,26 +33,26 @@ def _run(overrides: list[str]) -> None:
     run_job(_compose([*overrides, "warmup=false", "progress=false"]))
 
 
-def _sweep(out, model: str, dtype: str, ar_widths) -> None:
+def _sweep(out, model: str, dtype: str) -> None:
     common = [f"model={model}", "task=arith", "limit=2", "max_new_tokens=16", f"dtype={dtype}", f"out_dir={out}"]
-    for width in ar_widths:
+    # The set family's AR reads W (its identity holds it): one AR run per width.
+    for width in WIDTHS[model] if model == "tiny-set" else (4,):
         _run([*common, "schedule=ar", f"width={width}"])
     for schedule in LOSSLESS:
-        for width in WIDTHS:
+        for width in WIDTHS[model]:
             _run([*common, f"schedule={schedule}", f"width={width}"])
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("model", ["tiny", "tiny-set"])
 def test_reduced_precision_runs_have_no_unexplained_divergence(model, dtype, tmp_path, capsys):
-    # The set family's AR reads W (its identity holds it): one AR run per width.
-    _sweep(tmp_path, model, dtype, WIDTHS if model == "tiny-set" else (4,))
+    _sweep(tmp_path, model, dtype)
     records = [r for path in tmp_path.rglob("*.jsonl") for r in read_records(path)[0]]
     assert all(r["output_ids"] and len(r["output_ids"]) == r["output_tokens"] for r in records)
     assert all(isinstance(r["near_ties"], list) for r in records)
     frame = per_response(load_records(tmp_path).frame)
     audited = audit.audit(frame)
-    assert len(audited) == len(LOSSLESS) * len(WIDTHS) * 2  # every lossless response has its AR
+    assert len(audited) == len(LOSSLESS) * len(WIDTHS[model]) * 2  # every lossless response has its AR
     assert audit.counts(audited)["unexplained"] == 0
     assert analysis_main([str(tmp_path), "--tables", "6,8", "--figures", "none", "--strict", "--n-resamples", "10"]) == 0
     assert "0 unexplained" in capsys.readouterr().out
@@ -81,12 +81,12 @@ def test_a_wrong_acceptance_rule_gives_unexplained_divergences(tmp_path, monkeyp
 
 def test_float32_runs_equal_ar_exactly_with_exact_reductions(tmp_path):
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = True
-    _sweep(tmp_path, "tiny", "float32", (4,))
+    _sweep(tmp_path, "tiny", "float32")
     assert not torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction
     assert not torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction
     assert torch.get_float32_matmul_precision() == "highest"
     audited = audit.audit(per_response(load_records(tmp_path).frame))
-    assert len(audited) == len(LOSSLESS) * len(WIDTHS) * 2
+    assert len(audited) == len(LOSSLESS) * len(WIDTHS["tiny"]) * 2
     assert audit.counts(audited) == {"equal": len(audited), "numerical": 0, "unexplained": 0}
 
 

@@ -90,7 +90,7 @@ def _quadratic_shape(block: int, mask_token_id: int, device: torch.device) -> _S
     offsets = torch.cat([torch.arange(block, device=device), 1 + k_of_row + r_of_row])
     roles = torch.full((rows,), int(Role.DRAFT), dtype=torch.uint8, device=device)
     roles[:block] = int(Role.VERIFY)
-    return _Shape(Layout(roles, attend, rows), offsets, _mask_tokens(block * block, mask_token_id, device))
+    return _Shape(Layout(roles, attend, rows, block * block), offsets, _mask_tokens(block * block, mask_token_id, device))
 
 
 def quadratic_call(last: torch.Tensor, drafts: torch.Tensor, position: int, mask_token_id: int) -> Call:

@@ -108,7 +108,7 @@ class BackboneAdapter:
         selected = 0
         if self.proposal_lora is not None:
             lora_rows = call.roles == int(Role.DRAFT)
-            selected, evaluated = self.proposal_lora.select(lora_rows)
+            selected, evaluated = self.proposal_lora.select(lora_rows, call.draft_rows)
             self.call_stats = {"lora_rows_selected": selected, "lora_rows_evaluated": evaluated}
         try:
             if self.static is not None:
