@@ -113,6 +113,7 @@ class BackboneAdapter:
         try:
             if self.static is not None:
                 logits = self.static.run(call, self._attend_bias(call.attend), lora=selected > 0)
+                self.call_stats = self.call_stats | self.static.call_stats
             else:
                 out = self.backbone(
                     input_ids=call.tokens[None],
