@@ -100,10 +100,12 @@ def test_near_ties_are_recorded_below_the_dtype_threshold_only():
     assert verify_module.NearTies().read(5) == []
 
 
-def test_no_ar_counterpart_is_not_audited():
-    frame = pd.DataFrame(
-        [{"model": "m", "task": "t", "schedule": "linear", "width": 4, "temperature": 0.0, "verify": "", "order": "",
-          "seed": 0, "family": "nemotron", "lora": False, "pad_verify": "", "native_window": 0, "config": "",
-          "lossy": False, "question_id": "q", "sample": 0, "output_ids": [1], "near_ties": []}]
-    )  # fmt: skip
-    assert audit.audit(frame).empty
+def test_only_an_ar_run_of_the_same_identity_is_a_counterpart():
+    linear = {"model": "m", "task": "t", "schedule": "linear", "width": 4, "temperature": 0.0, "verify": "",
+              "order": "", "seed": 0, "family": "nemotron", "lora": False, "pad_verify": "", "native_window": 0,
+              "config": "", "lossy": False, "question_id": "q", "sample": 0, "dtype": "bfloat16", "output_ids": [1],
+              "near_ties": []}  # fmt: skip
+    assert audit.audit(pd.DataFrame([linear])).empty
+    ar = linear | {"schedule": "ar", "width": 0, "output_ids": [2]}
+    assert audit.audit(pd.DataFrame([linear, ar | {"dtype": "float32"}])).empty
+    assert list(audit.audit(pd.DataFrame([linear, ar]))["audit"]) == ["unexplained"]
