@@ -38,7 +38,6 @@ def checkpoint(tmp_path_factory):
 def _pair(checkpoint, capacity=64):
     """(eager adapter, static adapter with compilation closed) over the same float64 weights."""
     eager = load_nemotron(checkpoint, dtype="float64")
-    LTR = FAMILIES["nemotron"].schedule(schedule)
     static = enable_static(load_nemotron(checkpoint, dtype="float64"), "default", capacity)
     end_warmup(static)
     return eager, static
