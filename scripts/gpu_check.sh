@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA path in one command (each step has its own limit; 530 s at most in all without the
+# The CUDA path in one command (each step has its own limit; 600 s at most in all without the
 # compiled pass, expected 4-6 minutes on one H100/H200-class GPU; the compiled pass adds at most
 # 600 s, expected 4-8 minutes (its graphs compile per call shape and attention window); give the
 # whole command 1200 s, or run it as two commands of at most 600 s each with PASS):
@@ -28,6 +28,10 @@
 #      it compares SDPA with eager attention, as FlexAttention crashes the CPU inductor backend).
 #   4. the schedules side by side on random-weight 3B and 8B shapes (time and overhead only:
 #      random weights make no useful drafts).
+#   4b. the decode path (scripts/check_decode.py): host syncs per iteration of every LTR schedule
+#      under torch.cuda.set_sync_debug_mode (greedy <= 1 per iteration plus 2 per response, T = 1
+#      <= 2 per iteration), and the divergence audit of the tiny model in bfloat16 (W = 8, 16, 31:
+#      no unexplained divergence from AR).
 #   5. the compiled pass (COMPILE=reduce-overhead by default: CUDA graphs; default or
 #      max-autotune also work; none skips it): the tiny model's schedules eager and compiled side
 #      by side (float32, W = 8), failing when a timed call ran outside a compiled graph and
@@ -49,10 +53,10 @@ PASS=${PASS:-all}
 case $PASS in all | eager | compiled) ;; *) echo "PASS=$PASS: use all, eager or compiled"; exit 2 ;; esac
 if [ "${DRY:-0}" = 1 ]; then
   DEVICE=cpu S3B=test S8B=test N=3 NQ=2 PREFIX=16,64 ITERS="--warmup 1 --iters 2" THREADS=1 ATTN=sdpa,eager
-  STINY=test CBLOCK=2
+  STINY=test CBLOCK=2 DECODE="--limit 1 --max-new-tokens 16 --widths 8"
 else
   DEVICE=cuda S3B=nemotron3b S8B=nemotron8b N=30 NQ=4 PREFIX=256,1024 ITERS="--warmup 5 --iters 20" THREADS=0 ATTN=sdpa,flex_attention
-  STINY=tiny CBLOCK=9
+  STINY=tiny CBLOCK=9 DECODE="--limit 10 --max-new-tokens 64 --widths 8,16,31"
 fi
 
 step() {  # step NAME SECONDS CMD...
@@ -75,9 +79,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 
 TINY="--model $MODEL --task arith --limit $N --width 8 --schedules ar,linear,quadratic,packed --device $DEVICE --threads $THREADS"
 if [ "$PASS" != compiled ]; then  # steps 1-4
-step exact-fp32 80 "$PY" scripts/bench_schedules.py $TINY --dtype float32 --json "$OUT/exact-fp32.json"
-step exact-bf16 80 "$PY" scripts/bench_schedules.py $TINY --dtype bfloat16 --json "$OUT/exact-bf16.json"
-step events-bf16 80 "$PY" scripts/bench_schedules.py $TINY --dtype bfloat16 --timing events --json "$OUT/events-bf16.json"
+step exact-fp32 60 "$PY" scripts/bench_schedules.py $TINY --dtype float32 --json "$OUT/exact-fp32.json"
+step exact-bf16 60 "$PY" scripts/bench_schedules.py $TINY --dtype bfloat16 --json "$OUT/exact-bf16.json"
+step events-bf16 60 "$PY" scripts/bench_schedules.py $TINY --dtype bfloat16 --timing events --json "$OUT/events-bf16.json"
 "$PY" - "$OUT" <<'EOF' || FAILED+=("fp32-exactness")
 import json, sys
 out = sys.argv[1]
@@ -103,11 +107,12 @@ worst = max(r["ratio_2B_B"] for r in runs if r["block"] == 32)
 print(f"8B shape, B = 32: call(2B rows) / call(B rows) = {worst:.2f}x (criterion <= 1.30): {'PASS' if worst <= 1.3 else 'FAIL'}")
 sys.exit(0 if worst <= 1.3 else 1)
 EOF
-step info-attn-8b 60 "$PY" scripts/bench_calls.py --shape $S8B --attn $ATTN --device $DEVICE --dtype bfloat16 --threads $THREADS --blocks 32 --prefix ${PREFIX##*,} $ITERS --json "$OUT/info-attn-8b.json"
+step info-attn-8b 50 "$PY" scripts/bench_calls.py --shape $S8B --attn $ATTN --device $DEVICE --dtype bfloat16 --threads $THREADS --blocks 32 --prefix ${PREFIX##*,} $ITERS --json "$OUT/info-attn-8b.json"
 
 RANDOM_RUN="--model $MODEL --task arith --limit $NQ --width 31 --quadratic-width 7 --schedules linear,quadratic,packed --max-new-tokens 64 --device $DEVICE --dtype bfloat16 --threads $THREADS --no-grade"
 step schedules-3b 50 "$PY" scripts/bench_schedules.py $RANDOM_RUN --shape $S3B --json "$OUT/schedules-3b.json"
 step schedules-8b 60 "$PY" scripts/bench_schedules.py $RANDOM_RUN --shape $S8B --json "$OUT/schedules-8b.json"
+step decode-bf16 60 "$PY" scripts/check_decode.py --device $DEVICE --dtype bfloat16 $DECODE --json "$OUT/decode-bf16.json"
 fi
 
 if [ "$COMPILE" != none ] && [ "$PASS" != eager ]; then

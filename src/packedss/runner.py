@@ -26,6 +26,7 @@ from packedss.job import job_spec, task_config_for
 from packedss.models import load_model, resolve_path, select_checkpoint
 from packedss.models.checkpoint import read_config
 from packedss.models.static import end_warmup, enable_static, static_capacity
+from packedss.numerics import exact_reductions
 from packedss.paths import PROJECT_ROOT
 from packedss.preemption import SignalGuard
 from packedss.records import RecordWriter, output_hash
@@ -75,6 +76,7 @@ def resolve_dtype_name(name: str, device: torch.device) -> str:
 def run_job(cfg) -> JobResult:
     validate(cfg)
     check_out_dir(cfg.out_dir)
+    exact_reductions()
     family = family_named(cfg.model.family)
     device = resolve_device(cfg.device)
     if cfg.threads > 0 or device.type == "cpu":
@@ -175,6 +177,7 @@ def run_job(cfg) -> JobResult:
                 "output_text": text,
                 "finish_reason": out.finish_reason,
                 "output_hash": output_hash(out.tokens),
+                "output_ids": out.tokens,
                 **out.cost_fields(),
                 **grades[key],
             }

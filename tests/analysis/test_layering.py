@@ -10,6 +10,7 @@ FLOORS = {
     "paper_numbers": 0,
     "bootstrap": 0,
     "load": 0,
+    "audit": 1,
     "metrics": 1,
     "table": 1,
     "compare": 2,

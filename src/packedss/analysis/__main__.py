@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from packedss.analysis import N_RESAMPLES, analyse, record_sources
+from packedss.analysis import N_RESAMPLES, analyse, audit, record_sources
 from packedss.analysis.figures import FIGURES
 from packedss.analysis.load import find_record_files
 from packedss.analysis.tables import ACCEPTANCE, TABLES
@@ -60,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-resamples", type=int, default=N_RESAMPLES, help=f"bootstrap resamples (default {N_RESAMPLES})")
     parser.add_argument("--out", default=None, help="write tables/ and figures/ here instead of RESULTS_DIR")
     parser.add_argument("--records", nargs="+", default=[], metavar="PATH", help="further record files or folders to read (e.g. other tables' runs)")
+    parser.add_argument("--strict", action="store_true", help="exit 3 when the divergence audit finds an unexplained divergence")
     args = parser.parse_args(argv)
     if args.n_resamples < 1:
         parser.error(f"invalid --n-resamples {args.n_resamples}: must be >= 1")
@@ -87,9 +88,16 @@ def run(args: argparse.Namespace) -> int:
     for line in loaded.report().splitlines()[1:]:
         if not line.startswith("bad line"):
             print(line)
+    audited = audit.audit(results.per_response)
+    for line in audit.unexplained_lines(audited):
+        print(line, file=sys.stderr)
+    print(audit.note(audited))
     for path in results.written:
         print(f"wrote {path}")
     print(f"done in {time.perf_counter() - start:.1f} s")
+    if args.strict and audit.counts(audited)["unexplained"]:
+        print("error: unexplained divergences from AR (--strict); see the lines above", file=sys.stderr)
+        return 3
     return 0
 
 

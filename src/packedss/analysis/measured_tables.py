@@ -13,7 +13,7 @@ import math
 
 import pandas as pd
 
-from packedss.analysis import paper_numbers
+from packedss.analysis import audit, paper_numbers
 from packedss.analysis.compare import Comparisons
 from packedss.analysis.load import RUN_KEYS
 from packedss.analysis.metrics import (
@@ -82,9 +82,11 @@ def runs_table(pq: pd.DataFrame, comparisons: Comparisons) -> Table:
             item[0]["width"], item[0]["pad_verify"], item[0]["seed"],
         )
     )  # fmt: skip
+    audited = audit.counts_by_run(audit.audit(pq))
     for run, g in runs:
         agg = aggregate(g)
         run_rates = rates(responses[tuple(run.values())])
+        verdicts = audited.get(tuple(run[k] for k in RUN_KEYS))
         rows.append(
             {
                 "Model": model_label(run["model"]),
@@ -104,14 +106,16 @@ def runs_table(pq: pd.DataFrame, comparisons: Comparisons) -> Table:
                 "Samples": int(g["samples"].max()),
                 "Repeats": int(g["repeats"].max()),
             }
+            | {name.capitalize(): "" if verdicts is None else verdicts[name] for name in audit.CLASSES}
             | {c.name: agg[c.name] for c in ABS_COLS}
             | {f"{name} (per request)": pair[1] for name, pair in run_rates.items()}
             | {"Acceptance (%)": run_rates["Acceptance (%)"][0]}
         )
     keys = ["Model", "Family", "Task", "Method", "W", "B", "T", "Verify", "Order", "LoRA", "Padded", "Seed", "Config",
-            "Questions", "Samples", "Repeats"]  # fmt: skip
+            "Questions", "Samples", "Repeats"] + [name.capitalize() for name in audit.CLASSES]  # fmt: skip
     notes = [
         "One row per run (every family in the records). " + ABS_NOTE,
+        "Equal, Numerical, Unexplained: the divergence audit of a lossless run at T = 0 against AR (docs/analysis.md).",
         "Samples: independent samples per question (T > 0), averaged per question; Repeats: timings of each response, averaged.",
         "Pooled rates (Tokens/s, Tokens/NFE, Acceptance) are aggregate totals, the paper's; '(per request)' columns are "
         "the means of each response's own rate. Acceptance = drafts accepted / drafts verified.",
@@ -304,6 +308,7 @@ def _nemotron_absolute(number: int, pq: pd.DataFrame, positive: bool, compare_pa
     notes = [ABS_NOTE + " Bold: highest tokens/s within each model and task."]
     if positive:
         notes.append("Each question's samples (the paper's T = 1 protocol) are averaged before aggregation.")
+    notes.append(audit.note(audit.audit(sub), sampled=positive))
     notes += speed_only_note(sub)
     return build(number, titled(number, sub), rows, keys, ABS_COLS, compare_paper, bold_within, notes)
 
@@ -333,6 +338,7 @@ def _setdlm_table(number: int, pq: pd.DataFrame, compare_paper: bool, orders: tu
         ABS_NOTE + " Native decoding is listed with LTR verification. Bold: highest tokens/s within each window"
         + (" and order." if sections else ".")
     ]
+    notes.append(audit.note(audit.audit(sub)))
     notes += speed_only_note(sub)
     bold_within = ["Model", "Task"] + (["Order"] if sections else []) + ["Window"]
     return build(number, titled(number, sub), rows, keys, ABS_COLS, compare_paper, bold_within, notes)

@@ -29,7 +29,8 @@ from packedss.decoding.verify import next_token, probabilities, propose, verify
 def _rows(roles: list[Role], attend: torch.Tensor, device: torch.device) -> Segment:
     """Rows of a layout; their tokens and positions are filled in per call (zeros here)."""
     zeros = torch.zeros(len(roles), dtype=torch.long, device=device)
-    return Segment(zeros, zeros, torch.tensor([int(r) for r in roles], dtype=torch.uint8, device=device), attend)
+    codes = torch.tensor([int(r) for r in roles], dtype=torch.uint8, device=device)
+    return Segment(zeros, zeros, codes, attend, roles.count(Role.PAD), roles.count(Role.DRAFT))
 
 
 @functools.lru_cache(maxsize=256)
@@ -155,9 +156,14 @@ class _SetDecoder(Decoder):
         """Build and run one call; `prefix` and `clean` are lists of (position, token), `prefix`
         is written to the cache."""
         rows, written = prefix + clean, len(prefix)
-        # One host-to-device copy of the tokens and one of the positions; the call's parts are views.
-        tokens = torch.tensor([t for _, t in rows], dtype=torch.long, device=self.device)
-        positions = torch.tensor([i for i, _ in rows] + masks, dtype=torch.long, device=self.device)
+        # One host-to-device copy of the tokens and positions (non-blocking, from pinned memory on
+        # CUDA); the call's parts, and the drafts `verify_ranks` verifies, are views.
+        ids = torch.tensor([t for _, t in rows] + [i for i, _ in rows] + masks, dtype=torch.long)
+        if torch.device(self.device).type == "cuda":
+            ids = ids.pin_memory()
+        ids = ids.to(self.device, non_blocking=True)
+        tokens, positions = ids[: len(rows)], ids[len(rows) :]
+        self.clean_tokens = tokens[written:]
         call = set_call(tokens[:written], positions[:written], tokens[written:], positions[written : len(rows)],
                         clean_real, positions[len(rows) :], levels, mask_real, self.mask)  # fmt: skip
         logits = self.meter.run(call)
@@ -203,6 +209,7 @@ class _SetDecoder(Decoder):
         self.keys = dict(zip(window, conf))
         first = min(range(len(window)), key=lambda k: (-conf[k], window[k]))
         item = (window[first], self.drafts[window[first]][0])
+        self.note([window[first] - self.length], logits[first : first + 1])
         self.pending = [item]
         return self.resolve([item])
 
@@ -211,7 +218,7 @@ class _SetDecoder(Decoder):
         rank; returns h (accepted drafts) and the stop flag. A correction becomes `pending`."""
         u = len(sigma)
         m = sum(1 for i in sigma if i in self.drafts)
-        drafts = torch.tensor([self.drafts[i][0] for i in sigma[:m]], dtype=torch.long, device=self.device)
+        drafts = self.clean_tokens[:m]  # the call's clean rows hold sigma's drafts, in order
         q = None
         if not self.settings.sampling.greedy:
             empty = query_logits.new_zeros((0, query_logits.shape[-1]))
@@ -223,6 +230,7 @@ class _SetDecoder(Decoder):
         self.draft_accepted += h
         items = list(zip(sigma[:h], emitted[:h]))
         self.pending = [] if h == u else [(sigma[h], emitted[h])]
+        self.note([i - self.length for i, _ in items + self.pending], getattr(emitted, "deciding", None))
         self.model.commit(self.p[-1] + h)
         return h, self.resolve(items + self.pending)
 
@@ -235,6 +243,7 @@ class _SetDecoder(Decoder):
         width = self.settings.width if self.drafts_at_prefill else 1
         logits = self.run_window("prefill", prompt, list(range(self.length, self.length + width)))
         first = next_token(logits[0], self.settings.sampling).tolist()[0]
+        self.note([0], logits[:1])
         if width > 1:
             tokens, q = propose(logits[1:], self.settings.sampling)
             self.store(list(range(self.length + 1, self.length + width)), tokens, q)
@@ -266,6 +275,7 @@ class _AR(_SetDecoder):
         nxt = self.order(window)[0] if self.settings.order == "confidence" else window[0]
         logits = self.run_window("ar", self.pending, [nxt])
         item = (nxt, next_token(logits[-1], self.settings.sampling).tolist()[0])
+        self.note([nxt - self.length], logits[-1:])
         self.pending = [item]
         return self.resolve([item])
 

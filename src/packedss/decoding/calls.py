@@ -33,9 +33,11 @@ class Call:
     positions: torch.Tensor  # (R,) long: position id of each row
     roles: torch.Tensor  # (R,) uint8: Role of each row
     attend: torch.Tensor  # (R, R) bool: attend[i, j] = row i sees row j of this call
-    # Rows that are not padding, when the builder knows it on the host (then `rows_useful` does
-    # not read `roles` back from the device, which would synchronize a CUDA stream).
+    # Rows that are not padding, and DRAFT rows, when the builder knows them on the host (then
+    # `rows_useful` and `draft_rows` do not read `roles` back from the device, which would
+    # synchronize a CUDA stream).
     useful: int | None = field(default=None, compare=False)
+    drafts: int | None = field(default=None, compare=False)
 
     @property
     def rows(self) -> int:
@@ -47,6 +49,13 @@ class Call:
         if self.useful is not None:
             return self.useful
         return self.rows - int((self.roles == Role.PAD).sum())
+
+    @property
+    def draft_rows(self) -> int:
+        """Rows of a diffusion block (the rows the proposal LoRA applies to)."""
+        if self.drafts is not None:
+            return self.drafts
+        return int((self.roles == Role.DRAFT).sum())
 
 
 class CallModel(Protocol):
@@ -82,6 +91,8 @@ class Segment:
     positions: torch.Tensor
     roles: torch.Tensor
     attend: torch.Tensor
+    pads: int | None = None  # PAD rows and DRAFT rows, counted on the host (None: not counted)
+    drafts: int | None = None
 
     @property
     def rows(self) -> int:
@@ -89,8 +100,9 @@ class Segment:
 
 
 def _segment(tokens: torch.Tensor, positions: torch.Tensor, role: Role, attend: torch.Tensor) -> Segment:
-    roles = torch.full((tokens.shape[0],), int(role), dtype=torch.uint8, device=tokens.device)
-    return Segment(tokens, positions, roles, attend)
+    rows = tokens.shape[0]
+    roles = torch.full((rows,), int(role), dtype=torch.uint8, device=tokens.device)
+    return Segment(tokens, positions, roles, attend, rows if role == Role.PAD else 0, rows if role == Role.DRAFT else 0)
 
 
 def causal_segment(tokens: torch.Tensor, first_position: int) -> Segment:
@@ -140,6 +152,8 @@ def pack(segments: list[Segment], sees: dict[tuple[int, int], torch.Tensor] | No
         positions=torch.cat([s.positions for s in segments]),
         roles=torch.cat([s.roles for s in segments]),
         attend=attend,
+        useful=None if None in (s.pads for s in segments) else total - sum(s.pads for s in segments),
+        drafts=None if None in (s.drafts for s in segments) else sum(s.drafts for s in segments),
     )
 
 
@@ -152,11 +166,12 @@ class Layout:
     roles: torch.Tensor
     attend: torch.Tensor
     useful: int
+    drafts: int
 
     def call(self, tokens: torch.Tensor, positions: torch.Tensor) -> Call:
-        return Call(tokens=tokens, positions=positions, roles=self.roles, attend=self.attend, useful=self.useful)
+        return Call(tokens, positions, self.roles, self.attend, useful=self.useful, drafts=self.drafts)
 
 
 def layout_of(call: Call) -> Layout:
     """The layout of a call built once (its tokens and positions are dropped)."""
-    return Layout(call.roles, call.attend, call.rows_useful)
+    return Layout(call.roles, call.attend, call.rows_useful, call.draft_rows)

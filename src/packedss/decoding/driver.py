@@ -15,7 +15,7 @@ import torch
 
 from packedss.decoding.calls import CallModel
 from packedss.decoding.trace import Decoded, Emitter, Meter, StopCheck
-from packedss.decoding.verify import Sampling, propose
+from packedss.decoding.verify import NearTies, Sampling, propose
 
 ORDERS = ("ltr", "confidence")
 
@@ -124,6 +124,14 @@ class Decoder(ABC):
         self.produced = 0
         self.draft_proposed = 0  # drafts verified
         self.draft_accepted = 0  # drafts accepted
+        # The margins of the rows that decided each emitted token: lossless greedy decoding only,
+        # whose output the divergence audit compares with AR's.
+        self.ties = NearTies() if settings.sampling.greedy and not self.lossy else None
+
+    def note(self, indexes, rows: torch.Tensor) -> None:
+        """Row k of `rows` decided the emitted token at output index indexes[k] (see NearTies)."""
+        if self.ties is not None and rows is not None:
+            self.ties.note(indexes, rows)
 
     @abstractmethod
     def prefill(self) -> bool:
@@ -172,8 +180,11 @@ def drive(
         emitter = decoder.emitter
         # Produced tokens that are not in the output: cut by a stop, or produced beyond it.
         truncated_tokens = decoder.produced - len(emitter.tokens)
+        extra = decoder.extra()
+        if decoder.ties is not None:
+            extra["near_ties"] = decoder.ties.read(len(emitter.tokens))
         return decoder.meter.finish(
-            emitter, len(prompt), accepted, drafted, accepted_drafts, truncated_tokens, decoder.extra()
+            emitter, len(prompt), accepted, drafted, accepted_drafts, truncated_tokens, extra
         )
     finally:
         model.reset()

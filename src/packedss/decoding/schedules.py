@@ -90,7 +90,7 @@ def _quadratic_shape(block: int, mask_token_id: int, device: torch.device) -> _S
     offsets = torch.cat([torch.arange(block, device=device), 1 + k_of_row + r_of_row])
     roles = torch.full((rows,), int(Role.DRAFT), dtype=torch.uint8, device=device)
     roles[:block] = int(Role.VERIFY)
-    return _Shape(Layout(roles, attend, rows), offsets, _mask_tokens(block * block, mask_token_id, device))
+    return _Shape(Layout(roles, attend, rows, block * block), offsets, _mask_tokens(block * block, mask_token_id, device))
 
 
 def quadratic_call(last: torch.Tensor, drafts: torch.Tensor, position: int, mask_token_id: int) -> Call:
@@ -132,11 +132,13 @@ class _LTRDecoder(Decoder):
         logits = self.meter.run(pack([causal_segment(self.prompt_ids, 0)]))
         self.model.commit(len(self.prompt))
         self.last = next_token(logits[-1], self.settings.sampling)
+        self.note([self.produced], logits[-1:])
         return self.emit(self.last.tolist())
 
     def verified(self, emitted: list[int], drafts: int) -> bool:
         """Commit and emit what a verification of `drafts` drafts emitted."""
         self.last = last_token(emitted, self.model.device)
+        self.note(range(self.produced, self.produced + len(emitted)), getattr(emitted, "deciding", None))
         self.model.commit(len(emitted))
         self.draft_proposed += drafts
         self.draft_accepted += len(emitted) - 1
@@ -167,6 +169,7 @@ class _AR(_LTRDecoder):
         logits = self.meter.run(self.shape.call([self.last], self.position))
         self.model.commit(1)
         self.last = next_token(logits[0], self.settings.sampling)
+        self.note([self.produced], logits[:1])
         self.position += 1
         return self.emit(self.last.tolist())
 
@@ -229,6 +232,7 @@ class _Quadratic(_LTRDecoder):
         logits = self.meter.run(call)
         self.model.commit(length)
         self.last = next_token(logits[length - 1], sampling)
+        self.note([0], logits[length - 1 : length])
         self.drafts, self.draft_probs = propose(logits[length + 1 :], sampling)  # positions L+1..L+W
         return self.emit(self.last.tolist())
 
@@ -267,6 +271,7 @@ class _Packed(_LTRDecoder):
         logits = self.meter.run(pack([causal_segment(self.prompt_ids, 0), block], sees={(1, 0): sees_prompt}))
         self.model.commit(length)
         self.last = next_token(logits[length - 1], sampling)
+        self.note([0], logits[length - 1 : length])
         first = range(length, length + 1)  # the first token's position
         self.drafts = proposals_ahead(logits[length + 1 :], range(length, length + width), first, sampling)
         return self.emit(self.last.tolist())

@@ -1,10 +1,19 @@
-"""Drafting and verification rules (all on the device; one host sync per verification).
+"""Drafting and verification rules, all on the device. A verification reads back from the device
+once (its `.tolist()` of the accepted length and tokens); drafting and sampling read nothing back.
 
 - T = 0: greedy exact match against the verifier's argmax.
 - `rejection`: speculative sampling; accept d_i with probability min(1, p_i(d_i)/q_i(d_i)),
   on rejection sample from norm(max(0, p_i - q_i)); bonus from p when all are accepted.
 - `match`: sample v_i ~ p_i, accept while v_i == d_i, emit the v's.
 Both sampling rules preserve the verifier's distribution p exactly.
+
+Sampling is the exponential race: argmax_i p_i / E_i with E_i ~ Exp(1) drawn from the response's
+generator picks i with probability p_i / sum(p), exactly as a categorical draw, but without
+`torch.multinomial`'s checks of its input, which read the device back (two syncs per draw on CUDA).
+
+Near-ties (docs/records.md): at T = 0 every emitted token is the argmax of one verifier row; where
+that row's top-2 logit margin is within NEAR_TIE_ULPS units in the last place of the logits' dtype
+at the top logit's magnitude, another call shape's rounding can pick the other token.
 """
 
 from __future__ import annotations
@@ -37,8 +46,11 @@ def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 def sample_tokens(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One sample per row of a (R, V) probability matrix."""
-    return torch.multinomial(probs, 1, generator=generator).view(-1)
+    """One sample per row of a (R, V) matrix of probabilities (rows need not sum to 1)."""
+    race = torch.empty_like(probs).exponential_(generator=generator)
+    # An Exp(1) draw of exactly 0 (probability below 1e-38) would make 0/0 for a zero probability.
+    race.clamp_(min=torch.finfo(race.dtype).tiny)
+    return (probs / race).argmax(dim=-1)
 
 
 def propose(draft_logits: torch.Tensor, sampling: Sampling) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -65,11 +77,13 @@ def _accepted_prefix(accept: torch.Tensor) -> torch.Tensor:
 class Emitted(list):
     """The tokens one verification emits (a plain list of ints to every reader), plus `last`:
     the last of them as a (1,) long tensor still on the device, so that the next call can be
-    built without copying a host integer back to the device (a CUDA synchronization)."""
+    built without copying a host integer back to the device (a CUDA synchronization), and
+    `deciding`: the verifier rows, row i the one that decided emitted token i."""
 
-    def __init__(self, tokens: list[int], last: torch.Tensor):
+    def __init__(self, tokens: list[int], last: torch.Tensor, deciding: torch.Tensor | None = None):
         super().__init__(tokens)
         self.last = last
+        self.deciding = deciding
 
 
 def last_token(emitted: list[int], device: torch.device) -> torch.Tensor:
@@ -89,13 +103,14 @@ def verify(
     """Verify m drafts with m+1 verifier rows (row i predicts the position of draft i+1; row m
     gives the bonus). Returns the emitted tokens: the h accepted drafts and one more token
     (correction or bonus), so 1 <= len <= m+1, as an `Emitted` list. The one host-device
-    synchronization is the read-back of the accepted length and tokens (`.tolist()`)."""
+    synchronization is the read-back of the accepted length and tokens (`.tolist()`); at T > 0
+    the draws use the exponential race (`sample_tokens`), which reads nothing back."""
     m = drafts.shape[0]
     if sampling.greedy:
         verified = verifier_logits.argmax(dim=-1)
         h = _accepted_prefix(verified[:m] == drafts)
         out = torch.cat([h.view(1), verified]).tolist()
-        return Emitted(out[1 : out[0] + 2], verified.index_select(0, h.view(1)))
+        return Emitted(out[1 : out[0] + 2], verified.index_select(0, h.view(1)), verifier_logits)
     p = probabilities(verifier_logits, sampling.temperature)
     if sampling.rule == "match":
         verified = sample_tokens(p, sampling.generator)
@@ -119,6 +134,44 @@ def verify(
     out = torch.cat([h.view(1), drafts, last]).tolist()
     h_int = out[0]
     return Emitted(out[1 : 1 + h_int] + [out[-1]], last)
+
+
+NEAR_TIE_ULPS = 8
+
+
+def near_tie_threshold(top: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """NEAR_TIE_ULPS units in the last place of `dtype` at the magnitude of the top logits `top`
+    (at least at magnitude 1): bf16 about 0.06 at a logit of 1 and 0.5 at 10, float16 1/128 and
+    1/16, float32 1e-6 and 8e-6."""
+    _, exponent = torch.frexp(top.float().abs().clamp(min=1.0))  # top = m * 2^exponent, m in [0.5, 1)
+    return NEAR_TIE_ULPS * torch.finfo(dtype).eps * torch.exp2((exponent - 1).float())
+
+
+class NearTies:
+    """The top-2 logit margins of the rows that decided a response's emitted tokens (T = 0), kept
+    on the device while decoding and read back once, by `read`, when the response is done."""
+
+    def __init__(self) -> None:
+        self.indexes: list[int] = []  # output index (position in output_ids) of each row
+        self.top2: list[torch.Tensor] = []  # (rows, 2) top logits per note
+        self.dtype: torch.dtype | None = None
+
+    def note(self, indexes, rows: torch.Tensor) -> None:
+        """Row k of `rows` (V logits) decided the token at output index indexes[k]."""
+        indexes = list(indexes)
+        self.indexes += indexes
+        self.top2.append(rows[: len(indexes)].topk(2, dim=-1).values)
+        self.dtype = rows.dtype
+
+    def read(self, outputs: int) -> list[list]:
+        """[output index, margin] of every near-tie among the first `outputs` output positions."""
+        if not self.top2:
+            return []
+        top2 = torch.cat(self.top2).float()
+        margin = top2[:, 0] - top2[:, 1]
+        near = margin <= near_tie_threshold(top2[:, 0], self.dtype)
+        margins, flags = torch.stack([margin, near.float()]).tolist()
+        return [[i, m] for i, m, f in zip(self.indexes, margins, flags) if f and i < outputs]
 
 
 def question_seed(seed: int, question_id: str, sample: int = 0) -> int:

@@ -108,11 +108,12 @@ class BackboneAdapter:
         selected = 0
         if self.proposal_lora is not None:
             lora_rows = call.roles == int(Role.DRAFT)
-            selected, evaluated = self.proposal_lora.select(lora_rows)
+            selected, evaluated = self.proposal_lora.select(lora_rows, call.draft_rows)
             self.call_stats = {"lora_rows_selected": selected, "lora_rows_evaluated": evaluated}
         try:
             if self.static is not None:
                 logits = self.static.run(call, self._attend_bias(call.attend), lora=selected > 0)
+                self.call_stats = self.call_stats | self.static.call_stats
             else:
                 out = self.backbone(
                     input_ids=call.tokens[None],

@@ -111,14 +111,17 @@ class ProposalLoRA(nn.Module):
 
     # ----------------------------------------------------------------- row selection
 
-    def select(self, rows: Optional[torch.Tensor]) -> tuple[int, int]:
+    def select(self, rows: Optional[torch.Tensor], selected: Optional[int] = None) -> tuple[int, int]:
         """Switch the adapter on for `rows` (None: off). Returns (selected, evaluated): the rows
-        that receive the update and the rows it is computed for (0, 0 when nothing is selected)."""
+        that receive the update and the rows it is computed for (0, 0 when nothing is selected).
+        `selected`: the count of True rows when the caller knows it on the host (a call's layout
+        does), sparing a read-back of `rows` from the device."""
         if rows is None:
             self._rows = None
             return 0, 0
         rows = rows.to(torch.bool)
-        selected = int(rows.sum())
+        if selected is None:
+            selected = int(rows.sum())
         self._rows = rows if selected else None
         return selected, int(rows.numel()) if selected else 0
 
