@@ -8,6 +8,7 @@ import pandas as pd
 import pytest
 import torch
 
+from packedss.analysis.compare import Comparisons
 from packedss.analysis import audit, load_records, per_response
 from packedss.analysis.__main__ import main as analysis_main
 from packedss.analysis.measured_tables import runs_table, table6, table8
@@ -59,7 +60,7 @@ def test_reduced_precision_runs_have_no_unexplained_divergence(model, dtype, tmp
     pq = per_question(frame)
     note_table = table6(pq, None) if model == "tiny" else table8(pq, None)
     assert any("0 unexplained" in n for n in note_table.notes)
-    runs = runs_table(pq)
+    runs = runs_table(pq, Comparisons(frame, n_resamples=10))
     assert sum(int(v or 0) for v in runs.data["Equal"]) + sum(int(v or 0) for v in runs.data["Numerical"]) == len(audited)
 
 
