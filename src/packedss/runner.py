@@ -25,6 +25,7 @@ from packedss.decoding.verify import question_seed
 from packedss.families import family_named
 from packedss.models import load_model, resolve_path, select_checkpoint
 from packedss.models.checkpoint import read_config
+from packedss.models.cost_twin import CostTwin, build_cost_model, cost_spec
 from packedss.models.static import end_warmup, enable_static, largest_call_rows, static_capacity
 from packedss.paths import PROJECT_ROOT
 from packedss.preemption import SignalGuard
@@ -76,6 +77,10 @@ def run_job(cfg) -> JobResult:
         # alone and costs up to 100x per op when the cores are shared (OpenMP spin-waits).
         torch.set_num_threads(cfg.threads if cfg.threads > 0 else 1)
     dtype = resolve_dtype_name(cfg.dtype, device)
+    cost = None  # the cost twin (model.cost_*): checked here, before anything loads
+    if cfg.model.cost_shape is not None:
+        cost_device = device if cfg.model.cost_device is None else resolve_device(cfg.model.cost_device)
+        cost = cost_spec(cfg.model.cost_shape, cfg.model.cost_layers, cfg.model.cost_dtype or dtype, cost_device)
     checkpoint = select_checkpoint(cfg.model, cfg.checkpoint_dirs)
     model_path = resolve_path(cfg.model, checkpoint)
     max_block = family.max_block(read_config(model_path, f"model {cfg.model.name}"))
@@ -110,6 +115,8 @@ def run_job(cfg) -> JobResult:
         "dtype": dtype,
         "device": device.type,
     }
+    if cost is not None:  # only when set, so that the hashes of runs without a twin stay as they were
+        identity["cost_model"] = cost.label
     job_hash = config_hash(identity)
     static = {
         "model": cfg.model.name,
@@ -139,6 +146,8 @@ def run_job(cfg) -> JobResult:
         "timing": cfg.timing,
         "compile": cfg.model.compile,
         "max_new_tokens": max_new_tokens,
+        # whose time model_s, call_model_s and wall_s carry: null = the model's own, else the cost twin's
+        "cost_model": None if cost is None else cost.label,
     }
     options = {"pad_verify": cfg.schedule.pad_verify, "order": order, "native_window": cfg.native_window}
     settings_fields = family.settings_fields(cfg.schedule.name, options, max_block)
@@ -174,14 +183,25 @@ def run_job(cfg) -> JobResult:
         fitted = fit_prompt(ids, budget, tokenizer.bos_token_id)
         return fitted, len(ids) - len(fitted)
 
-    if cfg.model.compile != "none":
+    if cfg.model.compile != "none" or cost is not None:
         longest_prompt = max(len(prompt_ids(q)[0]) for q in questions)
         capacity = static_capacity(longest_prompt, max_new_tokens, cfg.schedule.name, decode_width)
-        enable_static(model, cfg.model.compile, capacity)
+    if cost is not None:
+        cost.check_context(capacity)  # before the cost model is built
+        model = CostTwin(model, build_cost_model(cost, model), cost.label)
+        print(f"cost twin: model time is that of {cost.label} ({cost.params / 1e9:.2f}B parameters, random "
+              "weights)", file=sys.stderr)  # fmt: skip
+    if cfg.model.compile != "none":
+        if cost is not None:
+            model.enable_static(cfg.model.compile, capacity)
+        else:
+            enable_static(model, cfg.model.compile, capacity)
     stop_check = make_stop_check(tokenizer, stops)
     variant = ("-nopad" if cfg.schedule.name == "packed" and not cfg.schedule.pad_verify else "") + (
         "-lora" if cfg.model.lora else ""
-    ) + (f"-compiled-{cfg.model.compile}" if cfg.model.compile != "none" else "")
+    ) + (f"-compiled-{cfg.model.compile}" if cfg.model.compile != "none" else "") + (
+        f"-{cost.file_tag}" if cost is not None else ""
+    )
     path = record_path(cfg.out_dir, cfg.model.name, task.name, cfg.schedule.name + variant, cfg.width,
                        cfg.temperature, verify, order, cfg.seed)  # fmt: skip
     existed = path.exists()
@@ -192,7 +212,7 @@ def run_job(cfg) -> JobResult:
         if pending and cfg.warmup:
             first = pending[0][0]
             decode_question(first.question_id, 0, prompt_ids(first)[0])
-            compile_s = end_warmup(model)  # compiled shapes are fixed from here on; none compiles while timed
+            compile_s = model.end_warmup() if cost is not None else end_warmup(model)  # compiled shapes are fixed from here on; none compiles while timed
             if compile_s:
                 static["compile_s"] = compile_s
                 shapes = ", ".join(f"{shape}: {seconds:.1f} s" for shape, seconds in compile_s.items())

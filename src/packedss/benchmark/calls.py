@@ -13,8 +13,8 @@ depend on the values of the weights):
 
 Each call runs on a cache of exactly C rows and is cropped back after it (commit(0)), as in
 decoding. The calls of one (C, B) are timed round-robin, median over `iters` timed calls each,
-after `warmup` untimed rounds. Shapes (SHAPES) are the backbone sizes of the public Ministral-3
-text configs the Nemotron-Labs-Diffusion models are built on (our reading).
+after `warmup` untimed rounds. Shapes (packedss.models.cost_twin.SHAPES) are the backbone sizes of
+the public Ministral-3 text configs the Nemotron-Labs-Diffusion models are built on (our reading).
 """
 
 from __future__ import annotations
@@ -30,57 +30,12 @@ from torch import nn
 from packedss.decoding.calls import causal_segment, draft_block, pack
 from packedss.decoding.schedules import packed_call, quadratic_call
 from packedss.models.adapter import BackboneAdapter
-from packedss.models.checkpoint import default_dtype, read_config
-from packedss.models.nemotron import backbone_config
+from packedss.models.cost_twin import SHAPES, random_adapter, shape_config  # noqa: F401 (the benchmarks' shapes)
 from packedss.models.static import end_warmup, static_twin
 
-_ROPE = {"rope_type": "default", "rope_theta": 1_000_000.0, "llama_4_scaling_beta": 0.1,
-         "original_max_position_embeddings": 16384}  # fmt: skip
-SHAPES = {
-    # The shipped tiny model (scripts/train_tiny.py defaults).
-    "tiny": dict(hidden_size=192, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=48, vocab_size=1024),
-    # Ministral-3 3B / 8B text backbones (Nemotron-Labs-Diffusion-3B / -8B).
-    "nemotron3b": dict(hidden_size=3072, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=32,
-                       num_key_value_heads=8, head_dim=128, vocab_size=131072),
-    "nemotron8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=34, num_attention_heads=32,
-                       num_key_value_heads=8, head_dim=128, vocab_size=131072),
-    # A toy shape for the benchmarks' own tests.
-    "test": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=8, vocab_size=64),
-}  # fmt: skip
 PAPER_TABLE5_MS = {"linear": 54.41, "packed": 28.58, "quadratic": 28.90}  # Nemotron 8B GSM8K
 KINDS = ("linear-draft", "linear-verify", "packed", "quadratic")
 COMPILE_KINDS = ("ar", *KINDS)
-
-
-def shape_config(shape: str | None, config: str | None) -> dict:
-    """config.json-style dict of the backbone: a named shape, or a checkpoint's config.json."""
-    if config:
-        path = Path(config)
-        return read_config(path.parent if path.is_file() else path, f"config {config}")
-    if shape not in SHAPES:
-        raise SystemExit(f"unknown shape {shape!r}; valid: {', '.join(SHAPES)} (or --config DIR)")
-    return dict(SHAPES[shape], max_position_embeddings=16384, rope_parameters=dict(_ROPE), rms_norm_eps=1e-5,
-                tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2, mask_token_id=3)  # fmt: skip
-
-
-def random_adapter(config: dict, device: torch.device, dtype: torch.dtype, attn: str = "sdpa",
-                   vocab_at_least: int = 0, mask_token_id: int | None = None,
-                   eos_token_ids: tuple[int, ...] = (), seed: int = 0, name: str = "random") -> BackboneAdapter:  # fmt: skip
-    """A BackboneAdapter over a randomly initialised Ministral3 backbone + head of this shape."""
-    from transformers import Ministral3Model
-
-    text = dict(config.get("text_config", config))
-    text["vocab_size"] = max(int(text.get("vocab_size", 0)), vocab_at_least)
-    cfg = backbone_config(text)
-    cfg._attn_implementation = attn
-    torch.manual_seed(seed)
-    with torch.device(device), default_dtype(dtype), torch.no_grad():
-        backbone = Ministral3Model(cfg)
-        head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-    mask = mask_token_id if mask_token_id is not None else int(config.get("mask_token_id", text.get("mask_token_id", 3)))
-    return BackboneAdapter(backbone, head, mask_token_id=mask, eos_token_ids=eos_token_ids, block_size=None, name=name)
 
 
 class Timer:
