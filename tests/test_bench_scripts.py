@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from packedss.benchmark.calls import SHAPES, Products, random_adapter, shape_config
+from packedss.benchmark.calls import SHAPES, Products, linear_weights, random_adapter, shape_config
 from packedss.benchmark.schedules import Replay
 from packedss.decoding.trace import RecordingModel
 from packedss.paths import PROJECT_ROOT
@@ -30,7 +30,7 @@ def checkpoint(tmp_path_factory):
 def test_bench_calls_times_every_call_shape(tmp_path, capsys):
     out = tmp_path / "calls.json"
     argv = ["--shape", "test", "--device", "cpu", "--blocks", "2,3", "--prefix", "1,5", "--warmup", "1",
-            "--iters", "2", "--attn", "sdpa,eager", "--json", str(out)]  # fmt: skip
+            "--iters", "2", "--attn", "sdpa,eager", "--stream-mib", "1", "--json", str(out)]  # fmt: skip
     assert bench_calls.main(argv) == 0
     printed = capsys.readouterr().out
     assert "Per-iteration model time" in printed
@@ -53,7 +53,7 @@ def test_bench_calls_times_every_call_shape(tmp_path, capsys):
 
 def test_bench_calls_reports_a_failing_attention_implementation(capsys):
     argv = ["--shape", "test", "--device", "cpu", "--blocks", "2", "--prefix", "1", "--iters", "1",
-            "--attn", "no_such_attention"]  # fmt: skip
+            "--attn", "no_such_attention", "--stream-mib", "1"]  # fmt: skip
     assert bench_calls.main(argv) == 1
     assert "attn=no_such_attention failed" in capsys.readouterr().out
 
@@ -61,7 +61,7 @@ def test_bench_calls_reports_a_failing_attention_implementation(capsys):
 def test_bench_calls_compares_compiled_with_eager_calls(tmp_path, capsys):
     out = tmp_path / "compiled.json"
     argv = ["--shape", "test", "--device", "cpu", "--blocks", "1", "--prefix", "3", "--warmup", "1",
-            "--iters", "2", "--compile", "default", "--json", str(out)]  # fmt: skip
+            "--iters", "2", "--compile", "default", "--stream-mib", "1", "--json", str(out)]  # fmt: skip
     assert bench_calls.main(argv) == 0
     printed = capsys.readouterr().out
     run = json.loads(out.read_text())["runs"]["sdpa"]
@@ -72,9 +72,17 @@ def test_bench_calls_compares_compiled_with_eager_calls(tmp_path, capsys):
     for c in run["calls"]:
         assert c["ratio"] == pytest.approx(c["compiled_ms"] / c["eager_ms"])
         assert c["products_ms"] > 0 and c["products_ratio"] == pytest.approx(c["products_ms"] / c["eager_ms"])
-    assert "| C | W | call | rows | eager ms | compiled ms | products ms | compiled / eager | products / eager |" in printed
+    assert ("| C | W | call | rows | eager ms | compiled ms | products ms | floor ms | compiled / eager | "
+            "products / eager | eager / floor | compiled / floor |") in printed  # fmt: skip
+    assert f"compiled/eager median per-call ratio: {run['median_ratio']:.2f}" in printed
+    for c in run["calls"]:
+        assert c["compiled_floor"] == pytest.approx(c["compiled_ms"] / c["floor_ms"])
+        assert c["eager_floor"] == pytest.approx(c["eager_ms"] / c["floor_ms"])
+    # The median over R = 1, B and 2B (quadratic's B(B+1) rows left out).
+    shown = sorted(c["compiled_floor"] for c in run["calls"] if c["kind"] != "quadratic")
+    assert run["compiled_floor_median"] == pytest.approx((shown[1] + shown[2]) / 2)
     last = printed.strip().splitlines()[-1]
-    assert last == f"compiled/eager median per-call ratio: {run['median_ratio']:.2f}"
+    assert last == f"compiled/floor median per-call ratio: {run['compiled_floor_median']:.2f}"
 
 
 def test_bench_schedules_interleaves_and_compares(checkpoint, tmp_path, capsys):
@@ -168,3 +176,43 @@ def test_products_are_every_linear_layer_and_the_head_on_the_call_rows():
     assert products.weights[-1] is adapter.head.weight
     assert [x.shape for x in products.inputs] == [(5, w.shape[1]) for w in products.weights]
     assert products.seconds([products.one(None)])[0] > 0
+
+
+def test_the_floor_streams_the_models_weight_shapes_past_the_cache_and_prints_per_call():
+    from packedss.benchmark.calls import RawRead, Stream, bench, floor_entries, linear_weights, render
+
+    adapter = random_adapter(shape_config("test", None), torch.device("cpu"), torch.float32)
+    own = linear_weights(adapter)
+    stream = Stream(adapter, 2**20)
+    assert stream.weight_bytes == sum(w.numel() * 4 for w in own) < 2**20 <= stream.bytes
+    assert stream.weights[: len(own)] == own  # the model's own weights first, then copies of them
+    assert {tuple(w.shape) for w in stream.weights} == {tuple(w.shape) for w in own}
+    assert all(w.dtype == torch.float32 for w in stream.weights)
+    assert stream.bytes - 2**20 < max(w.numel() * 4 for w in own)  # no more copies than needed
+    assert RawRead(adapter, stream.bytes).bytes == stream.bytes
+    assert stream.gbs(0.5) == pytest.approx(stream.bytes / 0.5 / 1e9)
+    big = Stream(adapter, 0)
+    assert big.weights == own and big.bytes == big.weight_bytes
+    assert set(floor_entries(adapter, 2**20)) == {("floor",), ("raw",)}
+    results = bench(adapter, [2], [3], 0, 2, 2**20)
+    for r in results:
+        assert r["floor_ms"] == pytest.approx(1000 * r["weight_bytes"] / (r["stream_gbs"] * 1e9))
+        assert r["floor_ratio"] == pytest.approx(r["median_ms"] / r["floor_ms"]) and r["raw_gbs"] > 0
+    printed = render(results, "header")
+    assert "| C | B | call | rows | ms | floor ms | call / floor | achieved (floor / call) |" in printed
+    assert "eager/floor median per-call ratio (R = B, 2B):" in printed.splitlines()[-1]
+
+
+def test_bench_calls_cuts_a_shape_to_its_layers_and_refuses_a_bad_count(tmp_path, capsys):
+    out = tmp_path / "calls.json"
+    argv = ["--shape", "test", "--layers", "1", "--device", "cpu", "--blocks", "2", "--prefix", "1", "--warmup", "0",
+            "--iters", "1", "--stream-mib", "1", "--json", str(out)]  # fmt: skip
+    assert bench_calls.main(argv) == 0
+    run = json.loads(out.read_text())["runs"]["sdpa"]
+    config = shape_config("test", None, 1)
+    adapter = random_adapter(config, torch.device("cpu"), torch.float32)
+    assert run["params"] == sum(p.numel() for p in adapter.backbone.parameters()) + adapter.head.weight.numel()
+    assert run["calls"][0]["weight_bytes"] == sum(w.numel() * 4 for w in linear_weights(adapter))
+    capsys.readouterr()
+    assert bench_calls.main(["--shape", "test", "--layers", "3"]) == 2
+    assert capsys.readouterr().err.strip() == "error: invalid layer count 3 for shape test; valid: 1..2"
