@@ -9,6 +9,7 @@ import math
 import runpy
 from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 import torch
 
@@ -88,7 +89,7 @@ def test_bench_calls_compares_compiled_with_eager_calls(tmp_path, capsys):
 def test_bench_schedules_interleaves_and_compares(checkpoint, tmp_path, capsys):
     out = tmp_path / "schedules.json"
     argv = ["--model", str(checkpoint), "--task", "arith", "--limit", "3", "--warmup", "1",
-            "--schedules", "ar,linear,quadratic,packed", "--width", "3", "--max-new-tokens", "12",
+            "--schedules", "ar,linear,quadratic,packed", "--width", "3", "--max-new-tokens", "12", "--stream-mib", "1",
             "--dtype", "float64", "--n-resamples", "200", "--json", str(out)]  # fmt: skip
     assert bench_schedules.main(argv) == 0
     printed = capsys.readouterr().out
@@ -116,7 +117,7 @@ def test_bench_schedules_interleaves_and_compares(checkpoint, tmp_path, capsys):
 def test_bench_schedules_on_random_weights_of_a_shape_with_replay(checkpoint, tmp_path, capsys):
     out = tmp_path / "random.json"
     argv = ["--model", str(checkpoint), "--shape", "test", "--limit", "2", "--schedules", "linear,packed",
-            "--max-new-tokens", "6", "--no-grade", "--n-resamples", "100", "--replay", "--json", str(out)]  # fmt: skip
+            "--max-new-tokens", "6", "--no-grade", "--n-resamples", "100", "--replay", "--stream-mib", "1", "--json", str(out)]  # fmt: skip
     assert bench_schedules.main(argv) == 0
     printed = capsys.readouterr().out
     assert "random test weights" in printed and "| Packed-SS |" in printed and "Decoder us/iter" in printed
@@ -128,14 +129,14 @@ def test_bench_schedules_on_random_weights_of_a_shape_with_replay(checkpoint, tm
 def test_bench_schedules_puts_compiled_rows_next_to_eager_rows(checkpoint, tmp_path, capsys):
     out = tmp_path / "compiled.json"
     argv = ["--model", str(checkpoint), "--limit", "3", "--schedules", "ar,packed", "--width", "2",
-            "--max-new-tokens", "8", "--dtype", "float64", "--compile", "default", "--n-resamples", "200",
+            "--max-new-tokens", "8", "--dtype", "float64", "--compile", "default", "--n-resamples", "200", "--stream-mib", "1",
             "--json", str(out)]  # fmt: skip
     assert bench_schedules.main(argv) == 0
     printed = capsys.readouterr().out
     assert "| Packed-SS | compiled:default |" in printed and "compile time per shape" in printed
     report = json.loads(out.read_text())
     # AR's 1-row call and packed's 2B = 6-row call, each compiled in the warm-up.
-    assert set(report["compile_s"]["compiled:default"]) == {"ar 1 rows", "packed 6 rows"}
+    assert set(report["compile_s"]["compiled:default"]) == {"ar W=2 1 rows", "packed W=2 6 rows"}
     assert [(r["schedule"], r["regime"]) for r in report["rows"][:4]] == [
         ("ar", "eager"), ("ar", "compiled:default"), ("packed", "eager"), ("packed", "compiled:default")]  # fmt: skip
     table = {(r["Schedule"], r["Regime"]): r for r in report["table"]}
@@ -216,3 +217,57 @@ def test_bench_calls_cuts_a_shape_to_its_layers_and_refuses_a_bad_count(tmp_path
     capsys.readouterr()
     assert bench_calls.main(["--shape", "test", "--layers", "3"]) == 2
     assert capsys.readouterr().err.strip() == "error: invalid layer count 3 for shape test; valid: 1..2"
+
+
+def test_bench_schedules_times_the_same_decodes_on_a_cost_twin_per_width(checkpoint, tmp_path, capsys):
+    from packedss.benchmark.schedules import predict
+
+    out = tmp_path / "cost.json"
+    argv = ["--model", str(checkpoint), "--limit", "3", "--schedules", "ar,linear,packed", "--width", "2,3",
+            "--max-new-tokens", "10", "--cost-shape", "test", "--cost-layers", "1", "--cost-dtype", "bfloat16",
+            "--n-resamples", "200", "--stream-mib", "1", "--no-grade", "--json", str(out)]  # fmt: skip
+    status = bench_schedules.main(argv)
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    cost = "cost:test:1L:bfloat16:cpu"
+    assert {(r["regime"], r["width"]) for r in report["rows"]} == {(g, w) for g in ("eager", cost) for w in (2, 3)}
+    table = {(r["Schedule"], r["Regime"], r["W"]): r for r in report["table"]}
+    assert len(table) == 3 * 2 * 2
+    for (label, regime, width), r in table.items():
+        assert r["Match (%)"] == 100.0
+        if regime == cost:  # the very same decodes: outputs, NFE
+            assert r["= eager (%)"] == 100.0 and r["NFE"] == table[(label, "eager", width)]["NFE"]
+            assert r["Floor ms/call"] == pytest.approx(report["floors"][cost]["floor_ms"])
+        else:
+            assert r["Floor ms/call"] == pytest.approx(next(iter(report["floors"].values()))["floor_ms"])
+        assert r["Floor / call (%)"] == pytest.approx(100 * r["Floor ms/call"] / r["Model ms/call"])
+    frame = pd.DataFrame(report["rows"])
+    checks = {(c["regime"], c["width"]): c for c in report["checks"]}
+    assert set(checks) == {(g, w) for g in ("eager", cost) for w in (2, 3)}
+    for (regime, width), c in checks.items():
+        assert c["predicted"] == pytest.approx(predict(frame, regime, width))
+        assert c["measured"] == pytest.approx(table[("Packed-SS", regime, width)]["_ratio"])
+        assert c["within"] == (abs(c["measured"] / c["predicted"] - 1) <= 0.03)
+    assert status == (0 if all(c["within"] for (g, _), c in checks.items() if g == cost) else 1)
+    first = checks[(cost, 2)]
+    assert printed.strip().splitlines()[-1] == (
+        f"packed/linear tokens/s: {first['measured']:.3f} [{first['low']:.3f}, {first['high']:.3f}] at W=2 "
+        f"(cost twin test:1L:bfloat16:cpu); predicted from NFE and call time: {first['predicted']:.3f}")  # fmt: skip
+
+
+def test_the_prediction_is_prefills_plus_the_median_call_time_per_row_count():
+    from packedss.benchmark.schedules import predict
+
+    rows = [  # linear: 2 calls of 3 rows after prefill; packed: 1 call of 6 rows; tokens 4 each
+        {"regime": "r", "width": 2, "schedule": "linear", "output_tokens": 4, "prefill_s": 1.0,
+         "call_rows": [5, 3, 3], "call_s": [1.0, 2.0, 4.0]},
+        {"regime": "r", "width": 2, "schedule": "packed", "output_tokens": 4, "prefill_s": 2.0,
+         "call_rows": [7, 6, 3], "call_s": [2.0, 5.0, 9.0]},
+    ]  # fmt: skip
+    # median of the 3-row calls (2, 4, 9) = 4: linear 1 + 4 + 4 = 9 s, packed 2 + 5 + 4 = 11 s
+    assert predict(pd.DataFrame(rows), "r", 2) == pytest.approx((4 / 11) / (4 / 9))
+
+
+def test_bench_schedules_refuses_a_bad_cost_shape_with_one_line(checkpoint, capsys):
+    assert bench_schedules.main(["--model", str(checkpoint), "--cost-shape", "nemotron3b", "--cost-layers", "99"]) == 2
+    assert capsys.readouterr().err.strip() == "error: invalid layer count 99 for shape nemotron3b; valid: 1..26"
