@@ -48,11 +48,13 @@ from packedss.benchmark.calls import (  # noqa: E402
     SHAPES,
     bench,
     bench_compiled,
+    bench_prefill,
     median_ratio,
     per_iteration,
     random_adapter,
     render,
     render_compiled,
+    render_prefill,
     shape_config,
     stream_min_bytes,
 )
@@ -79,6 +81,8 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--threads", type=int, default=1, help="CPU intra-op threads (0: torch's default)")
+    ap.add_argument("--prefill", type=int, default=None, help="time only a prefill of N tokens, with logits of its "
+                    "last row against logits of every row (as before logits were cut to the rows read)")  # fmt: skip
     ap.add_argument("--json", default=None, help="write every measurement to this file")
     args = ap.parse_args(argv)
 
@@ -110,6 +114,11 @@ def main(argv=None) -> int:
             adapter = random_adapter(config, device, dtype, attn=attn)
             params = sum(p.numel() for p in adapter.backbone.parameters()) + adapter.head.weight.numel()
             header += f", {params / 1e6:.1f}M params, random weights"
+            if args.prefill:
+                result = bench_prefill(adapter, args.prefill, args.warmup, args.iters)
+                print(f"{header}\n\n{render_prefill(result)}\n", flush=True)
+                report["runs"][attn] = {"params": params, "prefill": result}
+                continue
             if compiling:
                 header += f", compile={args.compile}"
                 results, compile_s = bench_compiled(adapter, args.compile, blocks, prefixes, args.warmup, args.iters,
@@ -137,7 +146,7 @@ def main(argv=None) -> int:
             }  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
-    return 0 if any("calls" in r for r in report["runs"].values()) else 1
+    return 0 if any("calls" in r or "prefill" in r for r in report["runs"].values()) else 1
 
 
 if __name__ == "__main__":

@@ -271,3 +271,21 @@ def test_the_prediction_is_prefills_plus_the_median_call_time_per_row_count():
 def test_bench_schedules_refuses_a_bad_cost_shape_with_one_line(checkpoint, capsys):
     assert bench_schedules.main(["--model", str(checkpoint), "--cost-shape", "nemotron3b", "--cost-layers", "99"]) == 2
     assert capsys.readouterr().err.strip() == "error: invalid layer count 99 for shape nemotron3b; valid: 1..26"
+
+
+def test_bench_calls_times_a_prefill_with_the_last_rows_logits_against_every_rows(tmp_path, capsys):
+    from packedss.benchmark.calls import Prefill
+
+    adapter = random_adapter(shape_config("test", None), torch.device("cpu"), torch.float32)
+    tokens = torch.arange(4, 24)
+    for read_from, rows in ((19, 1), (0, 20)):
+        prefill = Prefill(adapter, tokens, read_from)
+        assert prefill.call.read_from == read_from and adapter.run(prefill.call).shape == (rows, 64)
+        adapter.commit(20)
+        assert prefill.seconds([prefill.one(None)])[0] > 0 and adapter.cached_rows == 0  # reset, then committed 0
+    out = tmp_path / "prefill.json"
+    argv = ["--shape", "test", "--prefill", "30", "--warmup", "0", "--iters", "2", "--json", str(out)]
+    assert bench_calls.main(argv) == 0
+    result = json.loads(out.read_text())["runs"]["sdpa"]["prefill"]
+    assert result["prefill"] == 30 and result["ratio"] == pytest.approx(result["last_row_ms"] / result["every_row_ms"])
+    assert "prefill of 30 tokens" in capsys.readouterr().out

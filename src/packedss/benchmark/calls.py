@@ -329,6 +329,41 @@ def bench_compiled(adapter: BackboneAdapter, mode: str, blocks: list[int], prefi
     return results, compile_s
 
 
+class Prefill:
+    """A prefill of `tokens` on an empty cache, with logits of rows `read_from`.. only (the prompt's
+    last row: read_from = len - 1; every row, as before logits were cut to the rows read: 0)."""
+
+    def __init__(self, adapter: BackboneAdapter, tokens: torch.Tensor, read_from: int):
+        self.adapter, self.timer = adapter, Timer(adapter)
+        self.call = pack([causal_segment(tokens, 0)], read_from=read_from)
+
+    def one(self, call):
+        self.adapter.reset()
+        return self.timer.one(self.call)
+
+    def seconds(self, measured: list) -> list[float]:
+        return self.timer.seconds(measured)
+
+
+def bench_prefill(adapter: BackboneAdapter, length: int, warmup: int, iters: int) -> dict:
+    """Median ms of a `length`-token prefill with logits of its last row only against logits of
+    every row, round-robin."""
+    gen = torch.Generator().manual_seed(length)
+    tokens = torch.randint(4, min(adapter.head.out_features, 1000), (length,), generator=gen).to(adapter.device)
+    entries = {"last row": (Prefill(adapter, tokens, length - 1), None), "every row": (Prefill(adapter, tokens, 0), None)}
+    times = round_robin(entries, warmup, iters)
+    adapter.reset()
+    out = {key: 1000 * statistics.median(values) for key, values in times.items()}
+    return {"prefill": length, "last_row_ms": out["last row"], "every_row_ms": out["every row"],
+            "ratio": out["last row"] / out["every row"], "iters": iters}  # fmt: skip
+
+
+def render_prefill(result: dict) -> str:
+    return (f"prefill of {result['prefill']} tokens (median of {result['iters']}, round-robin): logits of the last row "
+            f"{result['last_row_ms']:.1f} ms, of every row {result['every_row_ms']:.1f} ms (last / every: "
+            f"{result['ratio']:.2f})")  # fmt: skip
+
+
 def per_iteration(results: list[dict]) -> dict:
     """(prefix, block) -> per-iteration model ms of each schedule, and the 2B/B call ratio."""
     by = {(r["prefix"], r["block"], r["kind"]): r["median_ms"] for r in results}
