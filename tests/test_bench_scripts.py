@@ -255,17 +255,25 @@ def test_bench_schedules_times_the_same_decodes_on_a_cost_twin_per_width(checkpo
         f"(cost twin test:1L:bfloat16:cpu); predicted from NFE and call time: {first['predicted']:.3f}")  # fmt: skip
 
 
-def test_the_prediction_is_prefills_plus_the_median_call_time_per_row_count():
+def test_the_prediction_is_prefills_plus_the_median_call_time_per_row_count_and_question():
     from packedss.benchmark.schedules import predict
 
-    rows = [  # linear: 2 calls of 3 rows after prefill; packed: 1 call of 6 rows; tokens 4 each
-        {"regime": "r", "width": 2, "schedule": "linear", "output_tokens": 4, "prefill_s": 1.0,
+    rows = [  # q1 linear: 2 calls of 3 rows after prefill; packed: 1 call of 6 rows, 1 of 3; tokens 4 each
+        {"regime": "r", "width": 2, "question_id": "q1", "schedule": "linear", "output_tokens": 4, "prefill_s": 1.0,
          "call_rows": [5, 3, 3], "call_s": [1.0, 2.0, 4.0]},
-        {"regime": "r", "width": 2, "schedule": "packed", "output_tokens": 4, "prefill_s": 2.0,
+        {"regime": "r", "width": 2, "question_id": "q1", "schedule": "packed", "output_tokens": 4, "prefill_s": 2.0,
          "call_rows": [7, 6, 3], "call_s": [2.0, 5.0, 9.0]},
+        # q2 (a slower machine): its calls are costed by its own medians, not q1's
+        {"regime": "r", "width": 2, "question_id": "q2", "schedule": "linear", "output_tokens": 2, "prefill_s": 1.0,
+         "call_rows": [5, 3], "call_s": [1.0, 20.0]},
+        {"regime": "r", "width": 2, "question_id": "q2", "schedule": "packed", "output_tokens": 2, "prefill_s": 1.0,
+         "call_rows": [7, 6], "call_s": [1.0, 30.0]},
+        {"regime": "other", "width": 2, "question_id": "q1", "schedule": "packed", "output_tokens": 4, "prefill_s": 9.0,
+         "call_rows": [7, 6], "call_s": [9.0, 99.0]},
     ]  # fmt: skip
-    # median of the 3-row calls (2, 4, 9) = 4: linear 1 + 4 + 4 = 9 s, packed 2 + 5 + 4 = 11 s
-    assert predict(pd.DataFrame(rows), "r", 2) == pytest.approx((4 / 11) / (4 / 9))
+    # q1: median of the 3-row calls (2, 4, 9) = 4: linear 1 + 4 + 4 = 9 s, packed 2 + 5 + 4 = 11 s
+    # q2: linear 1 + 20 = 21 s, packed 1 + 30 = 31 s
+    assert predict(pd.DataFrame(rows), "r", 2) == pytest.approx((6 / 42) / (6 / 30))
 
 
 def test_bench_schedules_refuses_a_bad_cost_shape_with_one_line(checkpoint, capsys):

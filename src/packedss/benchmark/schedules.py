@@ -257,19 +257,23 @@ def summarize(frame: pd.DataFrame, reference: str, base: str, n_resamples: int, 
 
 def predict(frame: pd.DataFrame, regime: str, width: int) -> float:
     """Packed/Linear tokens/s predicted from NFE and call time: each schedule's time is its
-    measured prefills plus, for each later call, the median time of calls with as many rows in
-    this regime and width (over every schedule's decodes); tokens are each schedule's own."""
+    measured prefills plus, for each later call, the median time of the calls with as many rows
+    made for the same question in this regime and width (over every schedule's decodes of it, which
+    ran back to back, so that a drift of the machine between questions stays out of the call
+    costs); tokens are each schedule's own."""
     run = frame[(frame["regime"] == regime) & (frame["width"] == width)]
-    by_rows: dict[int, list[float]] = {}
-    for rows, seconds in zip(run["call_rows"], run["call_s"]):
-        for r, t in zip(rows[1:], seconds[1:]):
-            by_rows.setdefault(r, []).append(t)
-    cost = {r: float(np.median(ts)) for r, ts in by_rows.items()}
+    cost: dict[tuple[str, int], float] = {}
+    for question, group in run.groupby("question_id"):
+        by_rows: dict[int, list[float]] = {}
+        for rows, seconds in zip(group["call_rows"], group["call_s"]):
+            for r, t in zip(rows[1:], seconds[1:]):
+                by_rows.setdefault(r, []).append(t)
+        cost.update({(question, r): float(np.median(ts)) for r, ts in by_rows.items()})
 
     def throughput(schedule: str) -> float:
         x = run[run["schedule"] == schedule]
-        seconds = x["prefill_s"].sum() + sum(cost[r] for rows in x["call_rows"] for r in rows[1:])
-        return x["output_tokens"].sum() / seconds
+        calls = sum(cost[(q, r)] for q, rows in zip(x["question_id"], x["call_rows"]) for r in rows[1:])
+        return x["output_tokens"].sum() / (x["prefill_s"].sum() + calls)
 
     return throughput("packed") / throughput("linear")
 
