@@ -212,7 +212,8 @@ def run_job(cfg) -> JobResult:
         if pending and cfg.warmup:
             first = pending[0][0]
             decode_question(first.question_id, 0, prompt_ids(first)[0])
-            compile_s = model.end_warmup() if cost is not None else end_warmup(model)  # compiled shapes are fixed from here on; none compiles while timed
+            # compiled shapes are fixed from here on; none compiles while timed
+            compile_s = model.end_warmup() if cost is not None else end_warmup(model)
             if compile_s:
                 static["compile_s"] = compile_s
                 shapes = ", ".join(f"{shape}: {seconds:.1f} s" for shape, seconds in compile_s.items())

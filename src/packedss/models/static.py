@@ -210,7 +210,8 @@ class StaticCalls:
             torch._dynamo.mark_static_address(layer.values)
         return window
 
-    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, read_from: int = 0) -> torch.Tensor:
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                 read_from: int = 0) -> torch.Tensor:  # fmt: skip
         cache = self._caches[mask.shape[-1]]  # the mask's width is the window
         for layer in cache.layers:  # each layer writes the call's rows from the committed length
             layer.cumulative_length.copy_(self._start)
