@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 TORCH ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test golden clean
+.PHONY: install demo test golden clean bench-memory-bound
 
 install: $(STAMP)
 
@@ -34,6 +34,20 @@ test: $(STAMP)
 # Regenerate the NFE regression file deliberately (tests/golden/nfe_tiny.json); commit the result.
 golden: $(STAMP)
 	$(PY) -m tests.test_golden_nfe --write
+
+# The memory-bound regime (docs/performance.md §11): the calls of a 1.5B-parameter bfloat16 model
+# against the weight-streaming floor, then the schedules decoding with the tiny model timed on a
+# cost twin of that shape, beside the same decodes timed on tiny itself. CPU, one thread; about an
+# hour on a shared 2-core machine (BENCH_LIMIT questions per width; BENCH_THREADS=2 for two threads).
+BENCH_LIMIT ?= 3
+BENCH_THREADS ?= 1
+bench-memory-bound: $(STAMP)
+	mkdir -p results/bench
+	$(PY) scripts/bench_calls.py --shape nemotron3b --layers 6 --dtype bfloat16 --threads $(BENCH_THREADS) \
+		--blocks 9 --prefix 256 --compile default --json results/bench/floor-1p5b-t$(BENCH_THREADS).json
+	$(PY) scripts/bench_schedules.py --model tiny --schedules ar,linear,quadratic,packed --width 8,16,31 \
+		--cost-shape nemotron3b --cost-layers 6 --cost-dtype bfloat16 --threads $(BENCH_THREADS) \
+		--limit $(BENCH_LIMIT) --json results/bench/cost-twin-t$(BENCH_THREADS).json
 
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache

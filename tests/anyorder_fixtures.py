@@ -133,7 +133,7 @@ class ToySetModel:
         weight = sees.to(torch.float64) / (1 + (call.positions[:, None] - positions[None, :]).abs())
         logits = self.bias[call.positions % 3] + weight @ self.table[tokens]
         self._pending = call
-        return logits
+        return logits[call.read_from :]
 
     def commit(self, rows: int) -> None:
         call = self._pending

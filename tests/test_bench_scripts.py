@@ -9,10 +9,11 @@ import math
 import runpy
 from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 import torch
 
-from packedss.benchmark.calls import SHAPES, Products, random_adapter, shape_config
+from packedss.benchmark.calls import SHAPES, Products, linear_weights, random_adapter, shape_config
 from packedss.benchmark.schedules import Replay
 from packedss.decoding.trace import RecordingModel
 from packedss.paths import PROJECT_ROOT
@@ -30,7 +31,7 @@ def checkpoint(tmp_path_factory):
 def test_bench_calls_times_every_call_shape(tmp_path, capsys):
     out = tmp_path / "calls.json"
     argv = ["--shape", "test", "--device", "cpu", "--blocks", "2,3", "--prefix", "1,5", "--warmup", "1",
-            "--iters", "2", "--attn", "sdpa,eager", "--json", str(out)]  # fmt: skip
+            "--iters", "2", "--attn", "sdpa,eager", "--stream-mib", "1", "--json", str(out)]  # fmt: skip
     assert bench_calls.main(argv) == 0
     printed = capsys.readouterr().out
     assert "Per-iteration model time" in printed
@@ -53,7 +54,7 @@ def test_bench_calls_times_every_call_shape(tmp_path, capsys):
 
 def test_bench_calls_reports_a_failing_attention_implementation(capsys):
     argv = ["--shape", "test", "--device", "cpu", "--blocks", "2", "--prefix", "1", "--iters", "1",
-            "--attn", "no_such_attention"]  # fmt: skip
+            "--attn", "no_such_attention", "--stream-mib", "1"]  # fmt: skip
     assert bench_calls.main(argv) == 1
     assert "attn=no_such_attention failed" in capsys.readouterr().out
 
@@ -61,7 +62,7 @@ def test_bench_calls_reports_a_failing_attention_implementation(capsys):
 def test_bench_calls_compares_compiled_with_eager_calls(tmp_path, capsys):
     out = tmp_path / "compiled.json"
     argv = ["--shape", "test", "--device", "cpu", "--blocks", "1", "--prefix", "3", "--warmup", "1",
-            "--iters", "2", "--compile", "default", "--json", str(out)]  # fmt: skip
+            "--iters", "2", "--compile", "default", "--stream-mib", "1", "--json", str(out)]  # fmt: skip
     assert bench_calls.main(argv) == 0
     printed = capsys.readouterr().out
     run = json.loads(out.read_text())["runs"]["sdpa"]
@@ -72,15 +73,23 @@ def test_bench_calls_compares_compiled_with_eager_calls(tmp_path, capsys):
     for c in run["calls"]:
         assert c["ratio"] == pytest.approx(c["compiled_ms"] / c["eager_ms"])
         assert c["products_ms"] > 0 and c["products_ratio"] == pytest.approx(c["products_ms"] / c["eager_ms"])
-    assert "| C | W | call | rows | eager ms | compiled ms | products ms | compiled / eager | products / eager |" in printed
+    assert ("| C | W | call | rows | eager ms | compiled ms | products ms | floor ms | compiled / eager | "
+            "products / eager | eager / floor | compiled / floor |") in printed  # fmt: skip
+    assert f"compiled/eager median per-call ratio: {run['median_ratio']:.2f}" in printed
+    for c in run["calls"]:
+        assert c["compiled_floor"] == pytest.approx(c["compiled_ms"] / c["floor_ms"])
+        assert c["eager_floor"] == pytest.approx(c["eager_ms"] / c["floor_ms"])
+    # The median over R = 1, B and 2B (quadratic's B(B+1) rows left out).
+    shown = sorted(c["compiled_floor"] for c in run["calls"] if c["kind"] != "quadratic")
+    assert run["compiled_floor_median"] == pytest.approx((shown[1] + shown[2]) / 2)
     last = printed.strip().splitlines()[-1]
-    assert last == f"compiled/eager median per-call ratio: {run['median_ratio']:.2f}"
+    assert last == f"compiled/floor median per-call ratio: {run['compiled_floor_median']:.2f}"
 
 
 def test_bench_schedules_interleaves_and_compares(checkpoint, tmp_path, capsys):
     out = tmp_path / "schedules.json"
     argv = ["--model", str(checkpoint), "--task", "arith", "--limit", "3", "--warmup", "1",
-            "--schedules", "ar,linear,quadratic,packed", "--width", "3", "--max-new-tokens", "12",
+            "--schedules", "ar,linear,quadratic,packed", "--width", "3", "--max-new-tokens", "12", "--stream-mib", "1",
             "--dtype", "float64", "--n-resamples", "200", "--json", str(out)]  # fmt: skip
     assert bench_schedules.main(argv) == 0
     printed = capsys.readouterr().out
@@ -108,7 +117,7 @@ def test_bench_schedules_interleaves_and_compares(checkpoint, tmp_path, capsys):
 def test_bench_schedules_on_random_weights_of_a_shape_with_replay(checkpoint, tmp_path, capsys):
     out = tmp_path / "random.json"
     argv = ["--model", str(checkpoint), "--shape", "test", "--limit", "2", "--schedules", "linear,packed",
-            "--max-new-tokens", "6", "--no-grade", "--n-resamples", "100", "--replay", "--json", str(out)]  # fmt: skip
+            "--max-new-tokens", "6", "--no-grade", "--n-resamples", "100", "--replay", "--stream-mib", "1", "--json", str(out)]  # fmt: skip
     assert bench_schedules.main(argv) == 0
     printed = capsys.readouterr().out
     assert "random test weights" in printed and "| Packed-SS |" in printed and "Decoder us/iter" in printed
@@ -120,14 +129,14 @@ def test_bench_schedules_on_random_weights_of_a_shape_with_replay(checkpoint, tm
 def test_bench_schedules_puts_compiled_rows_next_to_eager_rows(checkpoint, tmp_path, capsys):
     out = tmp_path / "compiled.json"
     argv = ["--model", str(checkpoint), "--limit", "3", "--schedules", "ar,packed", "--width", "2",
-            "--max-new-tokens", "8", "--dtype", "float64", "--compile", "default", "--n-resamples", "200",
+            "--max-new-tokens", "8", "--dtype", "float64", "--compile", "default", "--n-resamples", "200", "--stream-mib", "1",
             "--json", str(out)]  # fmt: skip
     assert bench_schedules.main(argv) == 0
     printed = capsys.readouterr().out
     assert "| Packed-SS | compiled:default |" in printed and "compile time per shape" in printed
     report = json.loads(out.read_text())
     # AR's 1-row call and packed's 2B = 6-row call, each compiled in the warm-up.
-    assert set(report["compile_s"]["compiled:default"]) == {"ar 1 rows", "packed 6 rows"}
+    assert set(report["compile_s"]["compiled:default"]) == {"ar W=2 1 rows", "packed W=2 6 rows"}
     assert [(r["schedule"], r["regime"]) for r in report["rows"][:4]] == [
         ("ar", "eager"), ("ar", "compiled:default"), ("packed", "eager"), ("packed", "compiled:default")]  # fmt: skip
     table = {(r["Schedule"], r["Regime"]): r for r in report["table"]}
@@ -168,3 +177,123 @@ def test_products_are_every_linear_layer_and_the_head_on_the_call_rows():
     assert products.weights[-1] is adapter.head.weight
     assert [x.shape for x in products.inputs] == [(5, w.shape[1]) for w in products.weights]
     assert products.seconds([products.one(None)])[0] > 0
+
+
+def test_the_floor_streams_the_models_weight_shapes_past_the_cache_and_prints_per_call():
+    from packedss.benchmark.calls import RawRead, Stream, bench, floor_entries, linear_weights, render
+
+    adapter = random_adapter(shape_config("test", None), torch.device("cpu"), torch.float32)
+    own = linear_weights(adapter)
+    stream = Stream(adapter, 2**20)
+    assert stream.weight_bytes == sum(w.numel() * 4 for w in own) < 2**20 <= stream.bytes
+    assert stream.weights[: len(own)] == own  # the model's own weights first, then copies of them
+    assert {tuple(w.shape) for w in stream.weights} == {tuple(w.shape) for w in own}
+    assert all(w.dtype == torch.float32 for w in stream.weights)
+    assert stream.bytes - 2**20 < max(w.numel() * 4 for w in own)  # no more copies than needed
+    assert RawRead(adapter, stream.bytes).bytes == stream.bytes
+    assert stream.gbs(0.5) == pytest.approx(stream.bytes / 0.5 / 1e9)
+    big = Stream(adapter, 0)
+    assert big.weights == own and big.bytes == big.weight_bytes
+    assert set(floor_entries(adapter, 2**20)) == {("floor",), ("raw",)}
+    results = bench(adapter, [2], [3], 0, 2, 2**20)
+    for r in results:
+        assert r["floor_ms"] == pytest.approx(1000 * r["weight_bytes"] / (r["stream_gbs"] * 1e9))
+        assert r["floor_ratio"] == pytest.approx(r["median_ms"] / r["floor_ms"]) and r["raw_gbs"] > 0
+    printed = render(results, "header")
+    assert "| C | B | call | rows | ms | floor ms | call / floor | achieved (floor / call) |" in printed
+    assert "eager/floor median per-call ratio (R = B, 2B):" in printed.splitlines()[-1]
+
+
+def test_bench_calls_cuts_a_shape_to_its_layers_and_refuses_a_bad_count(tmp_path, capsys):
+    out = tmp_path / "calls.json"
+    argv = ["--shape", "test", "--layers", "1", "--device", "cpu", "--blocks", "2", "--prefix", "1", "--warmup", "0",
+            "--iters", "1", "--stream-mib", "1", "--json", str(out)]  # fmt: skip
+    assert bench_calls.main(argv) == 0
+    run = json.loads(out.read_text())["runs"]["sdpa"]
+    config = shape_config("test", None, 1)
+    adapter = random_adapter(config, torch.device("cpu"), torch.float32)
+    assert run["params"] == sum(p.numel() for p in adapter.backbone.parameters()) + adapter.head.weight.numel()
+    assert run["calls"][0]["weight_bytes"] == sum(w.numel() * 4 for w in linear_weights(adapter))
+    capsys.readouterr()
+    assert bench_calls.main(["--shape", "test", "--layers", "3"]) == 2
+    assert capsys.readouterr().err.strip() == "error: invalid layer count 3 for shape test; valid: 1..2"
+
+
+def test_bench_schedules_times_the_same_decodes_on_a_cost_twin_per_width(checkpoint, tmp_path, capsys):
+    from packedss.benchmark.schedules import predict
+
+    out = tmp_path / "cost.json"
+    argv = ["--model", str(checkpoint), "--limit", "3", "--schedules", "ar,linear,packed", "--width", "2,3",
+            "--max-new-tokens", "10", "--cost-shape", "test", "--cost-layers", "1", "--cost-dtype", "bfloat16",
+            "--n-resamples", "200", "--stream-mib", "1", "--no-grade", "--json", str(out)]  # fmt: skip
+    status = bench_schedules.main(argv)
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    cost = "cost:test:1L:bfloat16:cpu"
+    assert {(r["regime"], r["width"]) for r in report["rows"]} == {(g, w) for g in ("eager", cost) for w in (2, 3)}
+    table = {(r["Schedule"], r["Regime"], r["W"]): r for r in report["table"]}
+    assert len(table) == 3 * 2 * 2
+    for (label, regime, width), r in table.items():
+        assert r["Match (%)"] == 100.0
+        if regime == cost:  # the very same decodes: outputs, NFE
+            assert r["= eager (%)"] == 100.0 and r["NFE"] == table[(label, "eager", width)]["NFE"]
+            assert r["Floor ms/call"] == pytest.approx(report["floors"][cost]["floor_ms"])
+        else:
+            assert r["Floor ms/call"] == pytest.approx(next(iter(report["floors"].values()))["floor_ms"])
+        assert r["Floor / call (%)"] == pytest.approx(100 * r["Floor ms/call"] / r["Model ms/call"])
+    frame = pd.DataFrame(report["rows"])
+    checks = {(c["regime"], c["width"]): c for c in report["checks"]}
+    assert set(checks) == {(g, w) for g in ("eager", cost) for w in (2, 3)}
+    for (regime, width), c in checks.items():
+        assert c["predicted"] == pytest.approx(predict(frame, regime, width))
+        assert c["measured"] == pytest.approx(table[("Packed-SS", regime, width)]["_ratio"])
+        assert c["within"] == (abs(c["measured"] / c["predicted"] - 1) <= 0.03)
+    assert status == (0 if all(c["within"] for (g, _), c in checks.items() if g == cost) else 1)
+    first = checks[(cost, 2)]
+    assert printed.strip().splitlines()[-1] == (
+        f"packed/linear tokens/s: {first['measured']:.3f} [{first['low']:.3f}, {first['high']:.3f}] at W=2 "
+        f"(cost twin test:1L:bfloat16:cpu); predicted from NFE and call time: {first['predicted']:.3f}")  # fmt: skip
+
+
+def test_the_prediction_is_prefills_plus_the_median_call_time_per_row_count_and_question():
+    from packedss.benchmark.schedules import predict
+
+    rows = [  # q1 linear: 2 calls of 3 rows after prefill; packed: 1 call of 6 rows, 1 of 3; tokens 4 each
+        {"regime": "r", "width": 2, "question_id": "q1", "schedule": "linear", "output_tokens": 4, "prefill_s": 1.0,
+         "call_rows": [5, 3, 3], "call_s": [1.0, 2.0, 4.0]},
+        {"regime": "r", "width": 2, "question_id": "q1", "schedule": "packed", "output_tokens": 4, "prefill_s": 2.0,
+         "call_rows": [7, 6, 3], "call_s": [2.0, 5.0, 9.0]},
+        # q2 (a slower machine): its calls are costed by its own medians, not q1's
+        {"regime": "r", "width": 2, "question_id": "q2", "schedule": "linear", "output_tokens": 2, "prefill_s": 1.0,
+         "call_rows": [5, 3], "call_s": [1.0, 20.0]},
+        {"regime": "r", "width": 2, "question_id": "q2", "schedule": "packed", "output_tokens": 2, "prefill_s": 1.0,
+         "call_rows": [7, 6], "call_s": [1.0, 30.0]},
+        {"regime": "other", "width": 2, "question_id": "q1", "schedule": "packed", "output_tokens": 4, "prefill_s": 9.0,
+         "call_rows": [7, 6], "call_s": [9.0, 99.0]},
+    ]  # fmt: skip
+    # q1: median of the 3-row calls (2, 4, 9) = 4: linear 1 + 4 + 4 = 9 s, packed 2 + 5 + 4 = 11 s
+    # q2: linear 1 + 20 = 21 s, packed 1 + 30 = 31 s
+    assert predict(pd.DataFrame(rows), "r", 2) == pytest.approx((6 / 42) / (6 / 30))
+
+
+def test_bench_schedules_refuses_a_bad_cost_shape_with_one_line(checkpoint, capsys):
+    assert bench_schedules.main(["--model", str(checkpoint), "--cost-shape", "nemotron3b", "--cost-layers", "99"]) == 2
+    assert capsys.readouterr().err.strip() == "error: invalid layer count 99 for shape nemotron3b; valid: 1..26"
+
+
+def test_bench_calls_times_a_prefill_with_the_last_rows_logits_against_every_rows(tmp_path, capsys):
+    from packedss.benchmark.calls import Prefill
+
+    adapter = random_adapter(shape_config("test", None), torch.device("cpu"), torch.float32)
+    tokens = torch.arange(4, 24)
+    for read_from, rows in ((19, 1), (0, 20)):
+        prefill = Prefill(adapter, tokens, read_from)
+        assert prefill.call.read_from == read_from and adapter.run(prefill.call).shape == (rows, 64)
+        adapter.commit(20)
+        assert prefill.seconds([prefill.one(None)])[0] > 0 and adapter.cached_rows == 0  # reset, then committed 0
+    out = tmp_path / "prefill.json"
+    argv = ["--shape", "test", "--prefill", "30", "--warmup", "0", "--iters", "2", "--json", str(out)]
+    assert bench_calls.main(argv) == 0
+    result = json.loads(out.read_text())["runs"]["sdpa"]["prefill"]
+    assert result["prefill"] == 30 and result["ratio"] == pytest.approx(result["last_row_ms"] / result["every_row_ms"])
+    assert "prefill of 30 tokens" in capsys.readouterr().out

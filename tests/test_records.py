@@ -20,7 +20,8 @@ GOOD = {
     "draft_proposed": 2, "draft_accepted": 2, "truncated_tokens": 1, "wall_s": 0.5, "model_s": 0.4,
     "nonmodel_s": 0.1, "extracted_answer": "2", "correct": True, "grader": {"name": "numeric"},
     "checkpoint": "assets/tiny", "checkpoint_dir": "assets/tiny", "chat": False, "end_of_turn": [], "lora": False,
-    "lora_path": None, "threads": 1, "compile": "none", "timing": "sync", "warmup_decode": True, "data_dir": None,
+    "lora_path": None, "threads": 1, "compile": "none", "timing": "sync", "cost_model": None, "warmup_decode": True,
+    "data_dir": None,
     "pad_verify": True, "native_window": None, "max_new_tokens": 64, "lossy": False,
 }  # fmt: skip
 

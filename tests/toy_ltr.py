@@ -39,7 +39,7 @@ class ToyLTRModel:
     def run(self, call: Call) -> torch.Tensor:
         tokens, positions, attend = call.tokens.tolist(), call.positions.tolist(), call.attend.tolist()
         out = []
-        for r in range(call.rows):
+        for r in range(call.read_from, call.rows):  # logits of the rows that are read only
             visible = list(self.committed) + [
                 (positions[j], tokens[j]) for j in range(call.rows) if attend[r][j] and tokens[j] != self.mask_token_id
             ]

@@ -41,6 +41,12 @@ class ModelConfig:
     lora: bool = False  # apply the proposal-only LoRA to draft rows (paper Tables 4-5)
     lora_path: Optional[str] = None  # PEFT adapter directory; relative to the model directory when not absolute
     compile: str = "none"  # none | default | reduce-overhead | max-autotune: compiled fixed-shape decode calls
+    # A cost twin (packedss.models.cost_twin): every call also runs on random weights of this shape (a
+    # name of cost_twin.SHAPES or a directory with a config.json), whose time is the call's model time.
+    cost_shape: Optional[str] = None  # null: no twin, the model's own time
+    cost_layers: Optional[int] = None  # the twin's first N layers (null: all of the shape's)
+    cost_dtype: Optional[str] = None  # null: the run's dtype
+    cost_device: Optional[str] = None  # null: the run's device
 
 
 @dataclass
@@ -144,6 +150,7 @@ def validate(cfg) -> None:
     _choice(cfg.dtype, ("auto", *DTYPES), "dtype")
     _choice(cfg.timing, TIMINGS, "timing")
     _choice(cfg.model.compile, COMPILE_MODES, "model.compile")
+    _validate_cost(cfg)
     if cfg.model.compile != "none" and not cfg.warmup:
         raise PackedSSError(
             f"model.compile={cfg.model.compile} needs warmup=true: call shapes are compiled in the untimed warm-up"
@@ -183,6 +190,27 @@ def check_out_dir(out_dir: str) -> None:
         raise PackedSSError(
             f"out_dir={out_dir}: cannot write in {existing} ({err.strerror}); choose a writable out_dir"
         ) from None
+
+
+def _validate_cost(cfg) -> None:
+    """The cost twin's settings that need no device (cost_twin.cost_spec checks the rest)."""
+    model = cfg.model
+    if model.cost_shape is None:
+        stray = [key for key in ("cost_layers", "cost_dtype", "cost_device") if getattr(model, key) is not None]
+        if stray:
+            raise PackedSSError(f"model.{stray[0]} is set but model.cost_shape is not; set model.cost_shape too")
+        return
+    if model.family != "nemotron":
+        raise PackedSSError(
+            f"model.cost_shape needs a nemotron-family model (the {model.family} adapter changes its cache itself, "
+            "which a cost twin does not reproduce)"
+        )
+    if model.lora:
+        raise PackedSSError("model.cost_shape with model.lora=true: the cost twin has no proposal LoRA; use model.lora=false")
+    if model.cost_dtype is not None:
+        _choice(model.cost_dtype, DTYPES, "model.cost_dtype")
+    if model.cost_device is not None:
+        _choice(model.cost_device, DEVICES, "model.cost_device")
 
 
 def resolved_order(cfg) -> Optional[str]:

@@ -39,6 +39,7 @@ class JobSpec:
     threads: int  # torch intra-op threads (0: not resolved yet)
     compile: str
     timing: str
+    cost_model: Optional[str]  # whose time the records carry: the cost twin's label, None: the model's own
     warmup_decode: bool  # an untimed decode ran before the timed ones (warmup=true)
     # the task
     task: str
@@ -76,7 +77,8 @@ class JobSpec:
 
     def record_path(self, out_dir: str | Path) -> Path:
         """<out_dir>/<model>/<task>/<schedule>[-nopad][-lora][-W<width>]-T<temperature>[-<verify>]
-        [-<order>]-s<seed>[-compiled-<mode>]-<config hash>.jsonl: the readable parts name the
+        [-<order>]-s<seed>[-compiled-<mode>][-cost-<shape>-<L>L-<dtype>-<device>]-<config hash>.jsonl:
+        the readable parts name the
         usual axes, and the hash makes the name unique per identity (dtype, output cap, ...)."""
         name = self.schedule
         if self.pad_verify is False:
@@ -93,6 +95,9 @@ class JobSpec:
         name += f"-s{self.seed}"
         if self.compile != "none":
             name += f"-compiled-{self.compile}"
+        if self.cost_model:  # shape:layersL:dtype:device, a shape directory by its own name
+            shape, layers, dtype, device = self.cost_model.rsplit(":", 3)
+            name += f"-cost-{Path(shape).name}-{layers}-{dtype}-{device}"
         return Path(out_dir) / self.model / self.task / f"{name}-{self.config_hash}.jsonl"
 
 
@@ -107,12 +112,13 @@ def job_spec(
     dtype: str,
     threads: int,
     max_block: Optional[int],
+    cost_model: Optional[str] = None,
 ) -> JobSpec:
     """The identity of the job `cfg` describes. `task_config` is its TaskConfig (the model's chat
     prompt applied); device, dtype and threads as resolved on the machine that runs the job (the
     sweep, which keys jobs before any runs, passes the configured values); `max_block`: the
     largest block of the checkpoint's drafter (None when its config.json is not at hand), which
-    sets the native decoder's default window."""
+    sets the native decoder's default window; `cost_model`: the cost twin's label (None: none)."""
     from packedss.models import select_checkpoint
 
     family = family_named(cfg.model.family)
@@ -136,6 +142,7 @@ def job_spec(
         threads=threads,
         compile=cfg.model.compile,
         timing=cfg.timing,
+        cost_model=cost_model,
         warmup_decode=bool(cfg.warmup),
         task=task_config.name,
         task_config=dataclasses.asdict(task_config),
@@ -169,5 +176,9 @@ def configured_spec(cfg, max_block: Optional[int] = None) -> JobSpec:
     """The identity of a job from its config alone, before it runs (device, dtype and threads as
     configured): what the sweep keys jobs by, so that two overrides that decode the same
     responses (AR at two widths) run once."""
+    model = cfg.model
+    cost = None
+    if model.cost_shape is not None:  # as configured: the layer count, dtype and device not resolved
+        cost = f"{model.cost_shape}:{model.cost_layers or 'all'}L:{model.cost_dtype or cfg.dtype}:{model.cost_device or cfg.device}"
     return job_spec(cfg, task_config_for(cfg), device=cfg.device, dtype=cfg.dtype, threads=cfg.threads,
-                    max_block=max_block)  # fmt: skip
+                    max_block=max_block, cost_model=cost)  # fmt: skip

@@ -25,6 +25,7 @@ from packedss.families import family_named
 from packedss.job import job_spec, task_config_for
 from packedss.models import load_model, resolve_path, select_checkpoint
 from packedss.models.checkpoint import read_config
+from packedss.models.cost_twin import CostTwin, build_cost_model, cost_spec
 from packedss.models.static import end_warmup, enable_static, static_capacity
 from packedss.numerics import exact_reductions
 from packedss.paths import PROJECT_ROOT
@@ -83,13 +84,18 @@ def run_job(cfg) -> JobResult:
         # Small CPU models are dominated by per-op overhead; a second intra-op thread buys little
         # alone and costs up to 100x per op when the cores are shared (OpenMP spin-waits).
         torch.set_num_threads(cfg.threads if cfg.threads > 0 else 1)
+    dtype = resolve_dtype_name(cfg.dtype, device)
+    cost = None  # the cost twin (model.cost_*): checked here, before anything loads
+    if cfg.model.cost_shape is not None:
+        cost_device = device if cfg.model.cost_device is None else resolve_device(cfg.model.cost_device)
+        cost = cost_spec(cfg.model.cost_shape, cfg.model.cost_layers, cfg.model.cost_dtype or dtype, cost_device)
     checkpoint = select_checkpoint(cfg.model, cfg.checkpoint_dirs)
     model_path = resolve_path(cfg.model, checkpoint)
     max_block = family.max_block(read_config(model_path, f"model {cfg.model.name}"))
     validate_width(cfg, max_block)
     task = load_task(task_config_for(cfg), data_dir=cfg.data_dir)
-    spec = job_spec(cfg, task.cfg, device=device_name(device), dtype=resolve_dtype_name(cfg.dtype, device),
-                    threads=torch.get_num_threads(), max_block=max_block)  # fmt: skip
+    spec = job_spec(cfg, task.cfg, device=device_name(device), dtype=dtype, threads=torch.get_num_threads(),
+                    max_block=max_block, cost_model=None if cost is None else cost.label)  # fmt: skip
     questions = task.questions(cfg.limit)
     model, tokenizer = load_model(cfg.model, family, model_path, device, spec.dtype)
     eos_token_ids = model.eos_token_ids + end_of_turn_ids(cfg.model, tokenizer)
@@ -136,9 +142,19 @@ def run_job(cfg) -> JobResult:
         fitted = fit_prompt(ids, budget, tokenizer.bos_token_id)
         return fitted, len(ids) - len(fitted)
 
-    if spec.compile != "none":
+    if spec.compile != "none" or cost is not None:
         longest_prompt = max(len(prompt_ids(q)[0]) for q in questions)
-        enable_static(model, spec.compile, static_capacity(longest_prompt, spec.max_new_tokens, largest_call))
+        capacity = static_capacity(longest_prompt, spec.max_new_tokens, largest_call)
+    if cost is not None:
+        cost.check_context(capacity)  # before the cost model is built
+        model = CostTwin(model, build_cost_model(cost, model), cost.label)
+        print(f"cost twin: model time is that of {cost.label} ({cost.params / 1e9:.2f}B parameters, random "
+              "weights)", file=sys.stderr)  # fmt: skip
+    if spec.compile != "none":
+        if cost is not None:
+            model.enable_static(spec.compile, capacity)
+        else:
+            enable_static(model, spec.compile, capacity)
     stop_check = make_stop_check(tokenizer, stops)
     path = spec.record_path(cfg.out_dir)
     responses = [(q, k, r) for q in questions for k in range(cfg.samples) for r in range(cfg.repeats)]
@@ -148,7 +164,8 @@ def run_job(cfg) -> JobResult:
         if pending and cfg.warmup:
             first = pending[0][0]
             decode_question(first.question_id, 0, prompt_ids(first)[0])
-            compile_s = end_warmup(model)  # compiled shapes are fixed from here on; none compiles while timed
+            # compiled shapes are fixed from here on; none compiles while timed
+            compile_s = model.end_warmup() if cost is not None else end_warmup(model)
             if compile_s:
                 job_fields["compile_s"] = compile_s
                 shapes = ", ".join(f"{shape}: {seconds:.1f} s" for shape, seconds in compile_s.items())

@@ -119,6 +119,7 @@ def make_record(
     spec = JobSpec(**(dict(
         model=model, family=family, checkpoint=f"test/{model}", checkpoint_dir=None, chat=False, end_of_turn=(),
         lora=lora, lora_path=None, device="cpu", dtype="float32", threads=1, compile="none", timing="sync",
+        cost_model=None,
         warmup_decode=True, task=task, task_config={"name": task}, data_dir=None, schedule=schedule, width=width,
         block=block, pad_verify=True if decoder.reads_pad_verify else None, native_window=None,
         temperature=temperature, verify="rejection" if temperature > 0 else GREEDY, order=order, seed=seed,

@@ -13,8 +13,8 @@ depend on the values of the weights):
 
 Each call runs on a cache of exactly C rows and is cropped back after it (commit(0)), as in
 decoding. The calls of one (C, B) are timed round-robin, median over `iters` timed calls each,
-after `warmup` untimed rounds. Shapes (SHAPES) are the backbone sizes of the public Ministral-3
-text configs the Nemotron-Labs-Diffusion models are built on (our reading).
+after `warmup` untimed rounds. Shapes (packedss.models.cost_twin.SHAPES) are the backbone sizes of
+the public Ministral-3 text configs the Nemotron-Labs-Diffusion models are built on (our reading).
 """
 
 from __future__ import annotations
@@ -30,57 +30,12 @@ from torch import nn
 from packedss.decoding.calls import causal_segment, draft_block, pack
 from packedss.decoding.schedules import packed_call, quadratic_call
 from packedss.models.adapter import BackboneAdapter
-from packedss.models.checkpoint import default_dtype, read_config
-from packedss.models.nemotron import backbone_config
+from packedss.models.cost_twin import SHAPES, random_adapter, shape_config  # noqa: F401 (the benchmarks' shapes)
 from packedss.models.static import end_warmup, static_twin
 
-_ROPE = {"rope_type": "default", "rope_theta": 1_000_000.0, "llama_4_scaling_beta": 0.1,
-         "original_max_position_embeddings": 16384}  # fmt: skip
-SHAPES = {
-    # The shipped tiny model (scripts/train_tiny.py defaults).
-    "tiny": dict(hidden_size=192, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=48, vocab_size=1024),
-    # Ministral-3 3B / 8B text backbones (Nemotron-Labs-Diffusion-3B / -8B).
-    "nemotron3b": dict(hidden_size=3072, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=32,
-                       num_key_value_heads=8, head_dim=128, vocab_size=131072),
-    "nemotron8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=34, num_attention_heads=32,
-                       num_key_value_heads=8, head_dim=128, vocab_size=131072),
-    # A toy shape for the benchmarks' own tests.
-    "test": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=8, vocab_size=64),
-}  # fmt: skip
 PAPER_TABLE5_MS = {"linear": 54.41, "packed": 28.58, "quadratic": 28.90}  # Nemotron 8B GSM8K
 KINDS = ("linear-draft", "linear-verify", "packed", "quadratic")
 COMPILE_KINDS = ("ar", *KINDS)
-
-
-def shape_config(shape: str | None, config: str | None) -> dict:
-    """config.json-style dict of the backbone: a named shape, or a checkpoint's config.json."""
-    if config:
-        path = Path(config)
-        return read_config(path.parent if path.is_file() else path, f"config {config}")
-    if shape not in SHAPES:
-        raise SystemExit(f"unknown shape {shape!r}; valid: {', '.join(SHAPES)} (or --config DIR)")
-    return dict(SHAPES[shape], max_position_embeddings=16384, rope_parameters=dict(_ROPE), rms_norm_eps=1e-5,
-                tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2, mask_token_id=3)  # fmt: skip
-
-
-def random_adapter(config: dict, device: torch.device, dtype: torch.dtype, attn: str = "sdpa",
-                   vocab_at_least: int = 0, mask_token_id: int | None = None,
-                   eos_token_ids: tuple[int, ...] = (), seed: int = 0, name: str = "random") -> BackboneAdapter:  # fmt: skip
-    """A BackboneAdapter over a randomly initialised Ministral3 backbone + head of this shape."""
-    from transformers import Ministral3Model
-
-    text = dict(config.get("text_config", config))
-    text["vocab_size"] = max(int(text.get("vocab_size", 0)), vocab_at_least)
-    cfg = backbone_config(text)
-    cfg._attn_implementation = attn
-    torch.manual_seed(seed)
-    with torch.device(device), default_dtype(dtype), torch.no_grad():
-        backbone = Ministral3Model(cfg)
-        head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-    mask = mask_token_id if mask_token_id is not None else int(config.get("mask_token_id", text.get("mask_token_id", 3)))
-    return BackboneAdapter(backbone, head, mask_token_id=mask, eos_token_ids=eos_token_ids, block_size=None, name=name)
 
 
 class Timer:
@@ -121,8 +76,7 @@ class Products:
     lean the rest of it is; `seconds` reads its measurements like Timer's."""
 
     def __init__(self, adapter: BackboneAdapter, rows: int):
-        linears = [m for m in adapter.backbone.modules() if isinstance(m, nn.Linear)] + [adapter.head]
-        self.weights = [m.weight for m in linears]
+        self.weights = linear_weights(adapter)
         gen = torch.Generator().manual_seed(rows)
         self.inputs = [torch.randn((rows, w.shape[1]), generator=gen).to(w.device, w.dtype) for w in self.weights]
         self.timer = Timer(adapter)
@@ -146,6 +100,113 @@ class Products:
 
     def seconds(self, measured: list) -> list[float]:
         return self.timer.seconds(measured)
+
+
+def linear_weights(adapter: BackboneAdapter) -> list[torch.Tensor]:
+    """The weights a call streams: every linear layer of the backbone and the head (the embedding
+    is a gather of R rows, the norms are vectors)."""
+    return [m.weight for m in adapter.backbone.modules() if isinstance(m, nn.Linear)] + [adapter.head.weight]
+
+
+def last_level_cache_bytes() -> int:
+    """The largest CPU cache sysfs reports (0 when it reports none)."""
+    sizes = []
+    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+        text = path.read_text().strip().upper()
+        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        sizes.append(int(text.rstrip("KMG") or 0) * scale)
+    return max(sizes, default=0)
+
+
+def stream_min_bytes() -> int:
+    """What the floor's products cover by default: 4x the last-level cache, at least 1 GiB."""
+    return max(2**30, 4 * last_level_cache_bytes())
+
+
+class Stream:
+    """The weight-streaming floor: one-row products (`F.linear` of a (1, in) input) over weight
+    matrices of the model's own shapes and dtype, more of them in total than any cache holds (the
+    model's own weights, cycled through copies while they sum to less than `min_bytes`), one pass
+    per timed call. `gbs(seconds)` is the bandwidth of a pass; a call that streams `weight_bytes`
+    at that bandwidth takes `weight_bytes / gbs` (its floor): what it spends beyond is its own."""
+
+    def __init__(self, adapter: BackboneAdapter, min_bytes: int):
+        own = linear_weights(adapter)
+        self.weight_bytes = sum(w.numel() * w.element_size() for w in own)
+        self.weights, total, k = list(own), self.weight_bytes, 0
+        while total < min_bytes:
+            copy = own[k % len(own)].clone()
+            self.weights.append(copy)
+            total += copy.numel() * copy.element_size()
+            k += 1
+        self.bytes = total
+        self.inputs = {w.shape[1]: torch.randn((1, w.shape[1])).to(w.device, w.dtype) for w in self.weights}
+        self.timer = Timer(adapter)
+
+    def one(self, call):
+        with torch.inference_mode():
+            if self.timer.cuda:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                self._run()
+                end.record()
+                return start, end
+            t0 = time.perf_counter()
+            self._run()
+            self.timer.adapter.synchronize()
+            return time.perf_counter() - t0
+
+    def _run(self) -> None:
+        for weight in self.weights:
+            torch.nn.functional.linear(self.inputs[weight.shape[1]], weight)
+
+    def seconds(self, measured: list) -> list[float]:
+        return self.timer.seconds(measured)
+
+    def gbs(self, seconds: float) -> float:
+        return self.bytes / seconds / 1e9
+
+
+class RawRead:
+    """The raw read bandwidth: one float32 sum over a buffer of `nbytes` (beside the floor)."""
+
+    def __init__(self, adapter: BackboneAdapter, nbytes: int):
+        self.buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=adapter.device)
+        self.bytes = self.buffer.numel() * 4
+        self.timer = Timer(adapter)
+
+    def one(self, call):
+        if self.timer.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            self.buffer.sum()
+            end.record()
+            return start, end
+        t0 = time.perf_counter()
+        self.buffer.sum()
+        self.timer.adapter.synchronize()
+        return time.perf_counter() - t0
+
+    def seconds(self, measured: list) -> list[float]:
+        return self.timer.seconds(measured)
+
+    def gbs(self, seconds: float) -> float:
+        return self.bytes / seconds / 1e9
+
+
+def floor_entries(adapter: BackboneAdapter, min_bytes: int) -> dict:
+    """The round-robin entries of the floor and the raw read, measured beside the calls."""
+    stream = Stream(adapter, min_bytes)
+    return {("floor",): (stream, None), ("raw",): (RawRead(adapter, stream.bytes), None)}
+
+
+def floor_fields(entries: dict, times: dict) -> dict:
+    """The floor of a call (ms) and both bandwidths (GB/s) from one round robin's times."""
+    stream, raw = entries[("floor",)][0], entries[("raw",)][0]
+    stream_gbs = stream.gbs(statistics.median(times[("floor",)]))
+    return {"floor_ms": 1000 * stream.weight_bytes / (stream_gbs * 1e9), "stream_gbs": stream_gbs,
+            "raw_gbs": raw.gbs(statistics.median(times[("raw",)])), "weight_bytes": stream.weight_bytes,
+            "stream_bytes": stream.bytes}  # fmt: skip
 
 
 def round_robin(entries: dict, warmup: int, iters: int) -> dict:
@@ -193,33 +254,42 @@ def _progress(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def bench(adapter: BackboneAdapter, blocks: list[int], prefixes: list[int], warmup: int, iters: int) -> list[dict]:
-    """Median per-call times of the KINDS at every (C, B)."""
+def bench(adapter: BackboneAdapter, blocks: list[int], prefixes: list[int], warmup: int, iters: int,
+          stream_bytes: int) -> list[dict]:  # fmt: skip
+    """Median per-call times of the KINDS at every (C, B), each beside the weight-streaming floor
+    and the raw read bandwidth measured in the same round robin."""
     timer, results = Timer(adapter), []
+    floor = floor_entries(adapter, stream_bytes)
     for prefix in prefixes:
         prefill(adapter, prefix)
         for block in blocks:
             calls = iteration_calls(adapter, block, prefix)
-            for kind, times in round_robin({kind: (timer, call) for kind, call in calls.items()}, warmup, iters).items():
+            entries = {kind: (timer, call) for kind, call in calls.items()} | floor
+            times = round_robin(entries, warmup, iters)
+            fields = floor_fields(floor, times)
+            for kind, call in calls.items():
+                median = 1000 * statistics.median(times[kind])
                 results.append({
-                    "prefix": prefix, "block": block, "kind": kind, "rows": calls[kind].rows,
-                    "median_ms": 1000 * statistics.median(times), "min_ms": 1000 * min(times),
-                    "iters": len(times),
+                    "prefix": prefix, "block": block, "kind": kind, "rows": call.rows,
+                    "median_ms": median, "min_ms": 1000 * min(times[kind]), "iters": iters,
+                    **fields, "floor_ratio": median / fields["floor_ms"],
                 })  # fmt: skip
-                _progress(f"  C={prefix:5d} B={block:3d} {kind:14s} rows={calls[kind].rows:5d} "
-                          f"median {results[-1]['median_ms']:8.3f} ms")  # fmt: skip
+                _progress(f"  C={prefix:5d} B={block:3d} {kind:14s} rows={call.rows:5d} "
+                          f"median {median:8.3f} ms floor {fields['floor_ms']:8.3f} ms")  # fmt: skip
         adapter.reset()
     return results
 
 
 def bench_compiled(adapter: BackboneAdapter, mode: str, blocks: list[int], prefixes: list[int], warmup: int,
-                   iters: int) -> tuple[list[dict], dict[str, float]]:  # fmt: skip
+                   iters: int, stream_bytes: int) -> tuple[list[dict], dict[str, float]]:  # fmt: skip
     """Eager calls of `adapter` against the same calls on the static path compiled with `mode`,
-    and against the matrix products of their row count alone (Products), timed round-robin in
+    against the matrix products of their row count alone (Products) and against the
+    weight-streaming floor (Stream; and the raw read bandwidth, RawRead), timed round-robin in
     this process. Each (C, R) gets a static twin of C + R rows, so that the compiled call attends
     the same C + R columns as the eager one; its shape is compiled first (two untimed calls), then
     compilation is closed. Returns the per-call results and the compile seconds per shape."""
     results, compile_s, eager = [], {}, Timer(adapter)
+    floor = floor_entries(adapter, stream_bytes)
     for prefix in prefixes:
         calls = {block: iteration_calls(adapter, block, prefix, COMPILE_KINDS) for block in blocks}
         timers = {}
@@ -241,7 +311,8 @@ def bench_compiled(adapter: BackboneAdapter, mode: str, blocks: list[int], prefi
                 entries[("compiled", kind)] = (timers[call.rows], call)
             for rows in sorted({call.rows for call in by_kind.values()}):
                 entries[("products", rows)] = (Products(adapter, rows), None)
-            times = round_robin(entries, warmup, iters)
+            times = round_robin(entries | floor, warmup, iters)
+            fields = floor_fields(floor, times)
             for kind, call in by_kind.items():
                 eager_ms = 1000 * statistics.median(times[("eager", kind)])
                 compiled_ms = 1000 * statistics.median(times[("compiled", kind)])
@@ -249,11 +320,48 @@ def bench_compiled(adapter: BackboneAdapter, mode: str, blocks: list[int], prefi
                 results.append({"prefix": prefix, "block": block, "kind": kind, "rows": call.rows,
                                 "eager_ms": eager_ms, "compiled_ms": compiled_ms, "ratio": compiled_ms / eager_ms,
                                 "products_ms": products_ms, "products_ratio": products_ms / eager_ms,
-                                "iters": iters})  # fmt: skip
+                                "iters": iters, **fields, "compiled_floor": compiled_ms / fields["floor_ms"],
+                                "eager_floor": eager_ms / fields["floor_ms"]})  # fmt: skip
                 _progress(f"  C={prefix:5d} B={block:3d} {kind:14s} rows={call.rows:5d} eager {eager_ms:8.3f} ms "
-                          f"compiled {compiled_ms:8.3f} ms products {products_ms:8.3f} ms")  # fmt: skip
+                          f"compiled {compiled_ms:8.3f} ms products {products_ms:8.3f} ms "
+                          f"floor {fields['floor_ms']:8.3f} ms")  # fmt: skip
         adapter.reset()
     return results, compile_s
+
+
+class Prefill:
+    """A prefill of `tokens` on an empty cache, with logits of rows `read_from`.. only (the prompt's
+    last row: read_from = len - 1; every row, as before logits were cut to the rows read: 0)."""
+
+    def __init__(self, adapter: BackboneAdapter, tokens: torch.Tensor, read_from: int):
+        self.adapter, self.timer = adapter, Timer(adapter)
+        self.call = pack([causal_segment(tokens, 0)], read_from=read_from)
+
+    def one(self, call):
+        self.adapter.reset()
+        return self.timer.one(self.call)
+
+    def seconds(self, measured: list) -> list[float]:
+        return self.timer.seconds(measured)
+
+
+def bench_prefill(adapter: BackboneAdapter, length: int, warmup: int, iters: int) -> dict:
+    """Median ms of a `length`-token prefill with logits of its last row only against logits of
+    every row, round-robin."""
+    gen = torch.Generator().manual_seed(length)
+    tokens = torch.randint(4, min(adapter.head.out_features, 1000), (length,), generator=gen).to(adapter.device)
+    entries = {"last row": (Prefill(adapter, tokens, length - 1), None), "every row": (Prefill(adapter, tokens, 0), None)}
+    times = round_robin(entries, warmup, iters)
+    adapter.reset()
+    out = {key: 1000 * statistics.median(values) for key, values in times.items()}
+    return {"prefill": length, "last_row_ms": out["last row"], "every_row_ms": out["every row"],
+            "ratio": out["last row"] / out["every row"], "iters": iters}  # fmt: skip
+
+
+def render_prefill(result: dict) -> str:
+    return (f"prefill of {result['prefill']} tokens (median of {result['iters']}, round-robin): logits of the last row "
+            f"{result['last_row_ms']:.1f} ms, of every row {result['every_row_ms']:.1f} ms (last / every: "
+            f"{result['ratio']:.2f})")  # fmt: skip
 
 
 def per_iteration(results: list[dict]) -> dict:
@@ -269,6 +377,26 @@ def per_iteration(results: list[dict]) -> dict:
             "ratio_2B_B": get("packed") / get("linear-verify"),
         }
     return out
+
+
+FLOOR_KINDS = ("ar", "linear-draft", "linear-verify", "packed")  # R = 1, B and 2B rows: the floor's targets
+
+
+def median_ratio(results: list[dict], key: str = "ratio", kinds=None) -> float:
+    """The median over call shapes (of `kinds`, default all) of a per-call ratio (default compiled/eager)."""
+    return statistics.median(r[key] for r in results if kinds is None or r["kind"] in kinds)
+
+
+def render_floor(results: list[dict]) -> list[str]:
+    """The bandwidth lines: the floor's (one-row products over the model's shapes) and the raw read."""
+    first = results[0]
+    stream = statistics.median(r["stream_gbs"] for r in results)
+    raw = statistics.median(r["raw_gbs"] for r in results)
+    return [f"weights a call streams: {first['weight_bytes'] / 2**30:.2f} GiB (every linear layer and the head); "
+            f"floor = those bytes / the streaming bandwidth of one-row products over the model's weight shapes and "
+            f"dtype ({first['stream_bytes'] / 2**30:.2f} GiB in total, larger than the cache): median "
+            f"{stream:.2f} GB/s; raw read (float32 sum over the same bytes): median {raw:.2f} GB/s "
+            f"(floor bandwidth / raw: {stream / raw:.2f})"]  # fmt: skip
 
 
 def render(results: list[dict], header: str) -> str:
@@ -297,24 +425,31 @@ def render(results: list[dict], header: str) -> str:
         for prefix in sorted({p for p, _ in iters}):
             lines.append(f"| {prefix} | {iters[(prefix, 32)]['linear']:.3f} | {iters[(prefix, 32)]['packed']:.3f} | "
                          f"{iters[(prefix, 8)]['quadratic']:.3f} | {paper} |")  # fmt: skip
+    lines += ["", "Each call against the weight-streaming floor measured in the same round robin:", ""]
+    lines.append("| C | B | call | rows | ms | floor ms | call / floor | achieved (floor / call) |")
+    lines.append("|---:|---:|---|---:|---:|---:|---:|---:|")
+    for r in results:
+        lines.append(f"| {r['prefix']} | {r['block']} | {r['kind']} | {r['rows']} | {r['median_ms']:.3f} | "
+                     f"{r['floor_ms']:.3f} | {r['floor_ratio']:.2f} | {100 / r['floor_ratio']:.0f}% |")  # fmt: skip
+    lines += ["", *render_floor(results),
+              f"eager/floor median per-call ratio (R = B, 2B): {median_ratio(results, 'floor_ratio', FLOOR_KINDS):.2f}"]  # fmt: skip
     return "\n".join(lines)
 
 
-def median_ratio(results: list[dict]) -> float:
-    """The median over call shapes of compiled/eager per-call time."""
-    return statistics.median(r["ratio"] for r in results)
-
-
 def render_compiled(results: list[dict], compile_s: dict[str, float], header: str) -> str:
-    lines = [header, "", "Compiled against eager calls of the same shapes, and the matrix products of the call's "
-             "rows alone (median ms, round-robin):", ""]  # fmt: skip
-    lines.append("| C | W | call | rows | eager ms | compiled ms | products ms | compiled / eager | products / eager |")
-    lines.append("|---:|---:|---|---:|---:|---:|---:|---:|---:|")
+    lines = [header, "", "Compiled against eager calls of the same shapes, the matrix products of the call's rows "
+             "alone and the weight-streaming floor (median ms, round-robin):", ""]  # fmt: skip
+    lines.append("| C | W | call | rows | eager ms | compiled ms | products ms | floor ms | compiled / eager | "
+                 "products / eager | eager / floor | compiled / floor |")  # fmt: skip
+    lines.append("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         lines.append(f"| {r['prefix']} | {r['block'] - 1} | {r['kind']} | {r['rows']} | {r['eager_ms']:.3f} | "
-                     f"{r['compiled_ms']:.3f} | {r['products_ms']:.3f} | {r['ratio']:.2f} | "
-                     f"{r['products_ratio']:.2f} |")  # fmt: skip
+                     f"{r['compiled_ms']:.3f} | {r['products_ms']:.3f} | {r['floor_ms']:.3f} | {r['ratio']:.2f} | "
+                     f"{r['products_ratio']:.2f} | {r['eager_floor']:.2f} | {r['compiled_floor']:.2f} |")  # fmt: skip
     shapes = ", ".join(f"{label} {seconds:.1f} s" for label, seconds in compile_s.items())
-    lines += ["", f"compile time per shape (untimed warm-up): {shapes}",
-              f"compiled/eager median per-call ratio: {median_ratio(results):.2f}"]  # fmt: skip
+    lines += ["", f"compile time per shape (untimed warm-up): {shapes}", *render_floor(results),
+              f"compiled/eager median per-call ratio: {median_ratio(results):.2f}",
+              f"eager/floor median per-call ratio (R = 1, B, 2B): "
+              f"{median_ratio(results, 'eager_floor', FLOOR_KINDS):.2f}",
+              f"compiled/floor median per-call ratio: {median_ratio(results, 'compiled_floor', FLOOR_KINDS):.2f}"]  # fmt: skip
     return "\n".join(lines)

@@ -19,6 +19,15 @@ same schedule's eager run, each with its 95% paired bootstrap CI
 own time per iteration (every call's logits recorded, then the same decodes replayed against a
 zero-cost model; best of 5).
 
+With `cost_shape` set (a cost twin, packedss.models.cost_twin), every decode also runs with a
+cost model of that shape, whose time per call is the model time: the rows `cost:<label>` hold the
+very same decodes (outputs, NFE, acceptance) timed as a decoder driving the cost model would be.
+Every regime's timing model also gets its weight-streaming floor (one-row products over weight
+matrices of its shapes and dtype, past the cache; packedss.benchmark.calls.Stream), timed once per
+question between the decodes: Floor ms/call, and Floor / call (%) the fraction achieved. For each
+regime and width the measured Packed/Linear throughput ratio is checked against the one predicted
+from the same run's NFE and per-call times (`predict`).
+
 Definitions are the paper's (SPEC §6): aggregate totals; non-model share = Σ(wall - model) /
 Σwall, where wall is the decoder's inclusive time (prompt included) and model the summed
 per-call model time (synchronized host time on CPU, CUDA events on a GPU).
@@ -59,7 +68,7 @@ class BenchSettings:
     data_dir: str | None = None
     limit: int = 30
     schedules: list[str] = field(default_factory=lambda: ["linear", "quadratic", "packed"])
-    width: int = 8
+    widths: list[int] = field(default_factory=lambda: [8])  # W of every schedule (each width its own rows)
     quadratic_width: int | None = None
     pad_verify: bool = True
     order: str | None = None  # any-order families: the verification order (None: the family's first)
@@ -76,6 +85,10 @@ class BenchSettings:
     grade: bool = True
     n_resamples: int = N_RESAMPLES
     replay: bool = False
+    cost_shape: str | None = None  # a cost twin of this shape (cost_twin.SHAPES or a config directory)
+    cost_layers: int | None = None
+    cost_dtype: str | None = None  # None: the run's dtype
+    stream_mib: int | None = None  # the floor's products cover at least this many MiB (None: calls.stream_min_bytes)
 
 
 @dataclass
@@ -84,6 +97,9 @@ class Report:
     table: pd.DataFrame
     rows: list[dict]
     compile_s: dict[str, float]
+    floors: dict[str, dict]  # timing model label -> floor ms, GB/s of the floor and of the raw read
+    checks: list[dict]  # per (regime, W): measured and predicted Packed/Linear tokens/s
+    cost_label: str | None
 
 
 def compose_run_config(overrides: list[str]):
@@ -179,42 +195,60 @@ def _ratio_cell(run: pd.DataFrame, base: pd.DataFrame, n_resamples: int) -> tupl
     return ci.format(3), ci.estimate, ci.low, ci.high
 
 
-def summarize(frame: pd.DataFrame, reference: str, base: str, n_resamples: int) -> pd.DataFrame:
-    """One row per (schedule, regime) of the per-question rows in `frame`."""
+def _eager_of(regime: str) -> str | None:
+    """The regime whose outputs and speed a compiled regime is compared with (None: none)."""
+    if regime.startswith("compiled:"):
+        return EAGER
+    if " compiled:" in regime:  # a cost twin on the compiled path: its eager cost twin
+        return regime.split(" compiled:")[0]
+    return None
+
+
+def summarize(frame: pd.DataFrame, reference: str, base: str, n_resamples: int, floors: dict | None = None,
+              timing_of: dict | None = None) -> pd.DataFrame:  # fmt: skip
+    """One row per (schedule, regime, W) of the per-question rows in `frame`; `floors[timing_of[regime]]`
+    gives a regime's floor ms per call."""
     rows = []
-    for (schedule, regime), run in frame.groupby(["schedule", "regime"], sort=False):
-        same_regime = frame[frame["regime"] == regime]
-        ref = same_regime[same_regime["schedule"] == reference].set_index("question_id")["output_hash"]
+    for (schedule, regime, width), run in frame.groupby(["schedule", "regime", "width"], sort=False):
+        same = frame[(frame["regime"] == regime) & (frame["width"] == width)]
+        ref = same[same["schedule"] == reference].set_index("question_id")["output_hash"]
         tokens, wall, nfe = run["output_tokens"].sum(), run["wall_s"].sum(), run["nfe_total"].sum()
         model, iterations = run["model_s"].sum(), run["iterations"].sum()
         decode_model = model - run["prefill_s"].sum()
         hashes = run.set_index("question_id")["output_hash"]
+        per_call = 1000 * decode_model / max(nfe - len(run), 1)
+        floor = floors[timing_of[regime]]["floor_ms"] if floors and timing_of else math.nan
         row = {
             "Schedule": SCHEDULE_LABELS.get(schedule, schedule),
             "Regime": regime,
-            "W": int(run["width"].iloc[0]),
+            "W": int(width),
             "Tokens/s": tokens / wall,
             "Tokens/NFE": tokens / nfe,
             "Time/NFE (ms)": 1000 * wall / nfe,
             "NFE": run["nfe_total"].mean(),
-            "Model ms/call": 1000 * decode_model / max(nfe - len(run), 1),
+            "Model ms/call": per_call,
             "Model ms/iter": 1000 * decode_model / max(iterations, 1),
+            "Floor ms/call": floor,
+            "Floor / call (%)": 100 * floor / per_call,
             "Non-model (%)": 100 * (wall - model) / wall,
             "Match (%)": 100 * (hashes == ref.reindex(hashes.index)).mean(),
             "= eager (%)": math.nan,
             "Graph calls (%)": math.nan,
             "Accuracy (%)": 100 * run["correct_f"].mean() if run["correct_f"].notna().any() else math.nan,
         }
-        baseline = same_regime[same_regime["schedule"] == base]
+        baseline = same[same["schedule"] == base]
         if schedule == base:
             row["Tok/s vs Linear-SS"] = "1"
         elif not baseline.empty:
             row["Tok/s vs Linear-SS"], row["_ratio"], row["_low"], row["_high"] = _ratio_cell(run, baseline, n_resamples)
-        if regime != EAGER:
-            eager = frame[(frame["regime"] == EAGER) & (frame["schedule"] == schedule)]
+        if regime != EAGER:  # outputs against the plain eager decodes of the same schedule and width
+            eager = frame[(frame["regime"] == EAGER) & (frame["schedule"] == schedule) & (frame["width"] == width)]
             eager_hashes = eager.set_index("question_id")["output_hash"]
             row["= eager (%)"] = 100 * (hashes == eager_hashes.reindex(hashes.index)).mean()
+        against = _eager_of(regime)
+        if against is not None:
             row["Graph calls (%)"] = 100 * run["graph_calls"].sum() / max(run["graph_calls"].sum() + run["eager_calls"].sum(), 1)
+            eager = frame[(frame["regime"] == against) & (frame["schedule"] == schedule) & (frame["width"] == width)]
             row["Tok/s vs eager"], row["_vs_eager"], row["_vs_eager_low"], row["_vs_eager_high"] = _ratio_cell(
                 run, eager, n_resamples
             )
@@ -222,7 +256,33 @@ def summarize(frame: pd.DataFrame, reference: str, base: str, n_resamples: int) 
     return pd.DataFrame(rows)
 
 
-FORMATS = {"Tokens/s": "{:.1f}", "Tokens/NFE": "{:.3f}", "Time/NFE (ms)": "{:.3f}", "NFE": "{:.2f}",
+def predict(frame: pd.DataFrame, regime: str, width: int) -> float:
+    """Packed/Linear tokens/s predicted from NFE and call time: each schedule's time is its
+    measured prefills plus, for each later call, the median time of the calls with as many rows
+    made for the same question in this regime and width (over every schedule's decodes of it, which
+    ran back to back, so that a drift of the machine between questions stays out of the call
+    costs); tokens are each schedule's own."""
+    run = frame[(frame["regime"] == regime) & (frame["width"] == width)]
+    cost: dict[tuple[str, int], float] = {}
+    for question, group in run.groupby("question_id"):
+        by_rows: dict[int, list[float]] = {}
+        for rows, seconds in zip(group["call_rows"], group["call_s"]):
+            for r, t in zip(rows[1:], seconds[1:]):
+                by_rows.setdefault(r, []).append(t)
+        cost.update({(question, r): float(np.median(ts)) for r, ts in by_rows.items()})
+
+    def throughput(schedule: str) -> float:
+        x = run[run["schedule"] == schedule]
+        calls = sum(cost[(q, r)] for q, rows in zip(x["question_id"], x["call_rows"]) for r in rows[1:])
+        return x["output_tokens"].sum() / (x["prefill_s"].sum() + calls)
+
+    return throughput("packed") / throughput("linear")
+
+
+PREDICTION_TOLERANCE = 0.03  # measured Packed/Linear within 3% of the prediction
+
+
+FORMATS = {"Floor ms/call": "{:.3f}", "Floor / call (%)": "{:.0f}", "Tokens/s": "{:.1f}", "Tokens/NFE": "{:.3f}", "Time/NFE (ms)": "{:.3f}", "NFE": "{:.2f}",
            "Model ms/call": "{:.3f}", "Model ms/iter": "{:.3f}", "Non-model (%)": "{:.1f}", "Decoder us/iter": "{:.1f}",
            "Match (%)": "{:.0f}", "= eager (%)": "{:.0f}", "Graph calls (%)": "{:.0f}", "Accuracy (%)": "{:.1f}"}  # fmt: skip
 
@@ -245,15 +305,23 @@ def markdown(table: pd.DataFrame) -> str:
 
 
 def run(s: BenchSettings) -> Report:
-    """Decode the questions with every schedule (and regime), interleaved; the summary table."""
+    """Decode the questions with every schedule (and regime, and width), interleaved; the summary table."""
+    from packedss.benchmark.calls import RawRead, Stream, stream_min_bytes
+    from packedss.models.cost_twin import CostTwin, build_cost_model, cost_spec
+
     device = torch.device("cuda" if s.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if s.device == "auto" else s.device))  # fmt: skip
     dtype = ("bfloat16" if device.type == "cuda" else "float32") if s.dtype == "auto" else s.dtype
+    cost = None  # checked before anything loads
+    if s.cost_shape is not None:
+        cost = cost_spec(s.cost_shape, s.cost_layers, s.cost_dtype or dtype, device)
     cfg, adapter, tokenizer, label = load(s, device, dtype)
     family = family_named(cfg.model.family)
     unknown = [x for x in s.schedules if x not in family.schedules]
     if unknown:
         raise SystemExit(f"unknown schedules {unknown} for the {family.name} family; valid: {', '.join(family.schedules)}")
+    if cost is not None and family.name != "nemotron":
+        raise SystemExit(f"--cost-shape needs a nemotron-family model; {s.model} is a {family.name} model")
     from packedss.runner import end_of_turn_ids, question_prompt_ids, task_config_for
     from packedss.tasks import load_task
 
@@ -269,76 +337,127 @@ def run(s: BenchSettings) -> Report:
     max_new = s.max_new_tokens or task.max_new_tokens
     eos = adapter.eos_token_ids + end_of_turn_ids(cfg.model, tokenizer)
     prompts = {q.question_id: question_prompt_ids(task, tokenizer, q, chat) for q in questions}
-    width_of = {x: (s.quadratic_width or s.width) if x == "quadratic" else s.width for x in s.schedules}
-    regimes = [EAGER] + ([f"compiled:{s.compile}"] if s.compile != "none" else [])
-    # One static twin per schedule: its cache fits that schedule's largest call (one graph per (schedule, W)).
     longest = max(map(len, prompts.values()))
-    models = {(EAGER, x): adapter for x in s.schedules}
-    for x in s.schedules if s.compile != "none" else ():
-        capacity = static_capacity(longest, max_new, family.schedule(x).largest_call_rows(width_of[x]))
-        models[(regimes[1], x)] = static_twin(adapter, s.compile, capacity)
+    jobs = [(x, w) for w in s.widths for x in s.schedules]
+
+    def width_of(schedule: str, width: int) -> int:
+        return (s.quadratic_width or width) if schedule == "quadratic" else width
+
+    compiled = f"compiled:{s.compile}" if s.compile != "none" else None
+    regimes = [EAGER] + ([compiled] if compiled else [])
+    cost_model = cost_regime = None
+    if cost is not None:
+        cost.check_context(max(static_capacity(longest, max_new, family.schedule(x).largest_call_rows(width_of(x, w))) for x, w in jobs))
+        cost_model = build_cost_model(cost, adapter)
+        cost_regime = f"cost:{cost.label}"
+        regimes += [cost_regime] + ([f"{cost_regime} {compiled}"] if compiled else [])
+    # The model each regime's time comes from (its floor is measured on it).
+    timing_of = {r: (cost_regime if r.startswith("cost:") else label) for r in regimes}
+    models = {}
+    for x, w in jobs:
+        models[(EAGER, x, w)] = adapter
+        capacity = static_capacity(longest, max_new, family.schedule(x).largest_call_rows(width_of(x, w)))
+        if compiled:  # one static twin per (schedule, W): its cache fits that job's largest call
+            models[(compiled, x, w)] = static_twin(adapter, s.compile, capacity)
+        if cost is not None:
+            models[(cost_regime, x, w)] = CostTwin(adapter, cost_model, cost.label)
+            if compiled:
+                models[(f"{cost_regime} {compiled}", x, w)] = CostTwin(static_twin(adapter, s.compile, capacity),
+                                                       static_twin(cost_model, s.compile, capacity), cost.label)  # fmt: skip
+    stream_bytes = stream_min_bytes() if s.stream_mib is None else s.stream_mib * 2**20
+    floor_timers = {label: Stream(adapter, stream_bytes)}
+    if cost_model is not None:
+        floor_timers[cost_regime] = Stream(cost_model, stream_bytes)
+    raw = RawRead(cost_model or adapter, stream_bytes)
+    floor_times = {name: [] for name in floor_timers}
+    raw_times = []
     options = {"pad_verify": s.pad_verify, "order": s.order}
 
-    def settings_for(schedule: str, question):
+    def settings_for(schedule: str, width: int, question):
         generator = None
         if s.temperature > 0:
             generator = torch.Generator(device=device).manual_seed(question_seed(s.seed, question.question_id, 0))
-        fields = {"schedule": schedule, "width": width_of[schedule], "max_new_tokens": max_new, "eos_token_ids": eos,
-                  "sampling": Sampling(s.temperature, s.verify, generator), "timing": s.timing}  # fmt: skip
+        fields = {"schedule": schedule, "width": width_of(schedule, width), "max_new_tokens": max_new,
+                  "eos_token_ids": eos, "sampling": Sampling(s.temperature, s.verify, generator), "timing": s.timing}  # fmt: skip
         return family.settings_type(**(fields | family.settings_fields(schedule, options, adapter.block_size)))
 
-    def decode(regime: str, schedule: str, question):
-        model = models[(regime, schedule)]
+    def decode(regime: str, schedule: str, width: int, question):
+        model = models[(regime, schedule, width)]
         before = dict(model.static.calls) if model.static is not None else None
-        out = family.decode(model, prompts[question.question_id], settings_for(schedule, question), stop_check)
+        out = family.decode(model, prompts[question.question_id], settings_for(schedule, width, question), stop_check)
         counts = {k: model.static.calls[k] - before[k] for k in before} if before else {}
         return out, counts
 
     started = time.perf_counter()
     for question in warm:
-        for schedule in s.schedules:
+        for schedule, width in jobs:
             for regime in regimes:
-                decode(regime, schedule, question)
+                decode(regime, schedule, width, question)
     compile_s = {}
-    for (regime, schedule), model in models.items():
-        for shape, seconds in end_warmup(model).items():
-            compile_s.setdefault(regime, {})[f"{schedule} {shape}"] = seconds
+    for (regime, schedule, width), model in models.items():
+        closed = model.end_warmup() if isinstance(model, CostTwin) else end_warmup(model)
+        for shape, seconds in closed.items():
+            compile_s.setdefault(regime, {})[f"{schedule} W={width} {shape}"] = seconds
     rows = []
     for question in timed:
-        outs = {(x, r): [] for x in s.schedules for r in regimes}
+        for name, timer in floor_timers.items():  # the floors, between the questions' decodes
+            floor_times[name].append(timer.one(None))
+        raw_times.append(raw.one(None))
+        outs = {(x, w, r): [] for x, w in jobs for r in regimes}
         for _ in range(s.repeats):
-            for schedule in s.schedules:
+            for schedule, width in jobs:
                 for regime in regimes:
-                    outs[(schedule, regime)].append(decode(regime, schedule, question))
-        for (schedule, regime), decoded in outs.items():
+                    outs[(schedule, width, regime)].append(decode(regime, schedule, width, question))
+        for (schedule, width, regime), decoded in outs.items():
             first = decoded[0][0]
             text = output_text(tokenizer, first.tokens, stops)
             correct = task.grade(question, text).correct if s.grade else None
             rows.append({
-                "schedule": schedule, "regime": regime, "width": width_of[schedule], "question_id": question.question_id,
-                "sample": 0, "seed": s.seed, "output_tokens": len(first.tokens), "output_hash": output_hash(first.tokens),
+                "schedule": schedule, "regime": regime, "width": width_of(schedule, width),
+                "question_id": question.question_id, "sample": 0, "seed": s.seed,
+                "output_tokens": len(first.tokens), "output_hash": output_hash(first.tokens),
                 "nfe_total": first.nfe_total, "iterations": first.iterations,
                 "wall_s": float(np.mean([d.wall_s for d, _ in decoded])),
                 "model_s": float(np.mean([d.model_s for d, _ in decoded])),
                 "prefill_s": float(np.mean([d.call_model_s[0] for d, _ in decoded])),
+                "call_rows": list(first.rows_evaluated),
+                "call_s": [float(v) for v in np.mean([d.call_model_s for d, _ in decoded], axis=0)],
                 "graph_calls": decoded[0][1].get("compiled", 0) + decoded[0][1].get("padded", 0),
                 "eager_calls": decoded[0][1].get("eager", 0),
                 "correct_f": math.nan if correct is None else float(correct),
             })  # fmt: skip
     frame = pd.DataFrame(rows)
+    raw_gbs = raw.gbs(float(np.median(raw.seconds(raw_times))))
+    floors = {}
+    for name, timer in floor_timers.items():
+        gbs = timer.gbs(float(np.median(timer.seconds(floor_times[name]))))
+        floors[name] = {"floor_ms": 1000 * timer.weight_bytes / (gbs * 1e9), "stream_gbs": gbs, "raw_gbs": raw_gbs,
+                        "weight_bytes": timer.weight_bytes, "stream_bytes": timer.bytes}  # fmt: skip
     reference = "ar" if "ar" in s.schedules else s.schedules[0]
-    table = summarize(frame, reference, "linear", s.n_resamples)
+    table = summarize(frame, reference, "linear", s.n_resamples, floors, timing_of)
+    checks = []
+    if {"linear", "packed"} <= set(s.schedules):
+        for regime in regimes:
+            for width in s.widths:
+                row = table[(table["Regime"] == regime) & (table["W"] == width) & (table["Schedule"] == "Packed-SS")]
+                predicted = predict(frame, regime, width)
+                measured = float(row["_ratio"].iloc[0])
+                checks.append({"regime": regime, "width": width, "measured": measured, "low": float(row["_low"].iloc[0]),
+                               "high": float(row["_high"].iloc[0]), "predicted": predicted,
+                               "within": bool(abs(measured / predicted - 1) <= PREDICTION_TOLERANCE)})  # fmt: skip
     if s.replay:
         table["Decoder us/iter"] = [
-            replay_overhead(family.decode, models[(regime, schedule)],
-                            [(prompts[q.question_id], settings_for(schedule, q), stop_check) for q in timed])
-            for schedule, regime in frame[["schedule", "regime"]].drop_duplicates().itertuples(index=False)
+            replay_overhead(family.decode, models[(regime, schedule, width)],
+                            [(prompts[q.question_id], settings_for(schedule, width, q), stop_check) for q in timed])
+            for schedule, regime, width in frame[["schedule", "regime", "width"]].drop_duplicates().itertuples(index=False)
         ]  # fmt: skip
     elapsed = time.perf_counter() - started
     device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     header = (f"bench_schedules: model={label} task={s.task} questions={len(timed)} (+{len(warm)} warm-up) "
               f"repeats={s.repeats} T={s.temperature} max_new_tokens={max_new} device={device_name} dtype={dtype} "
-              f"threads={torch.get_num_threads()} pad_verify={s.pad_verify} interleaved={','.join(s.schedules)} "
-              f"regimes={','.join(regimes)} match reference={reference} elapsed={elapsed:.0f}s "
-              f"torch={torch.__version__} date={time.strftime('%Y-%m-%d')}")  # fmt: skip
-    return Report(header, table, rows, compile_s)
+              f"threads={torch.get_num_threads()} pad_verify={s.pad_verify} widths={','.join(map(str, s.widths))} "
+              f"interleaved={','.join(s.schedules)} regimes={','.join(regimes)} match reference={reference} "
+              f"elapsed={elapsed:.0f}s torch={torch.__version__} date={time.strftime('%Y-%m-%d')}")  # fmt: skip
+    if cost is not None:
+        header += f" cost twin={cost.label} ({cost.params / 1e9:.2f}B parameters, random weights)"
+    return Report(header, table, rows, compile_s, floors, checks, None if cost is None else cost.label)

@@ -15,6 +15,8 @@ previous call, so p in {0, 1}; native writes every token it resolved in the prev
 
 from __future__ import annotations
 
+import dataclasses
+
 import functools
 from collections.abc import Sequence
 
@@ -152,9 +154,9 @@ class _SetDecoder(Decoder):
         return probs.gather(1, drafts.view(-1, 1)).view(-1).tolist()
 
     # ----------------------------------------------------------------- running calls
-    def run(self, kind, prefix, clean, clean_real, masks, levels, mask_real, u):
+    def run(self, kind, prefix, clean, clean_real, masks, levels, mask_real, u, read_from=0):
         """Build and run one call; `prefix` and `clean` are lists of (position, token), `prefix`
-        is written to the cache."""
+        is written to the cache; logits of rows `read_from`.. come back."""
         rows, written = prefix + clean, len(prefix)
         # One host-to-device copy of the tokens and positions (non-blocking, from pinned memory on
         # CUDA); the call's parts, and the drafts `verify_ranks` verifies, are views.
@@ -166,6 +168,8 @@ class _SetDecoder(Decoder):
         self.clean_tokens = tokens[written:]
         call = set_call(tokens[:written], positions[:written], tokens[written:], positions[written : len(rows)],
                         clean_real, positions[len(rows) :], levels, mask_real, self.mask)  # fmt: skip
+        if read_from:
+            call = dataclasses.replace(call, read_from=read_from)
         logits = self.meter.run(call)
         self.kinds.append(kind)
         self.u.append(u)
@@ -177,9 +181,9 @@ class _SetDecoder(Decoder):
         """A call of the prefix and one mask query per window position, seeing the prefix only;
         commits the prefix and returns the queries' logits."""
         u = len(window)
-        logits = self.run(kind, prefix, [], [], window, [0] * u, [True] * u, u)
+        logits = self.run(kind, prefix, [], [], window, [0] * u, [True] * u, u, read_from=len(prefix))
         self.model.commit(len(prefix))
-        return logits[len(prefix) :]
+        return logits
 
     def resolve(self, items: list[tuple[int, int]]) -> bool:
         """Record resolved tokens of the current call; emit the newly contiguous ones. True = stop."""

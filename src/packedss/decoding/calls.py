@@ -38,6 +38,9 @@ class Call:
     # synchronize a CUDA stream).
     useful: int | None = field(default=None, compare=False)
     drafts: int | None = field(default=None, compare=False)
+    # Rows before this one are context (their KV is written, their output never read, e.g. a
+    # prompt's rows before its last): a model returns logits for rows read_from.. only.
+    read_from: int = field(default=0, compare=False)
 
     @property
     def rows(self) -> int:
@@ -70,8 +73,9 @@ class CallModel(Protocol):
     call_stats: dict[str, int]
 
     def run(self, call: Call) -> torch.Tensor:
-        """Execute the call in one forward pass; return logits (R, V). The KV of every
-        row is held tentatively until `commit`."""
+        """Execute the call in one forward pass; return logits (R - call.read_from, V) of rows
+        read_from.. (float32, or the model's dtype when wider). The KV of every row is held
+        tentatively until `commit`."""
 
     def commit(self, rows: int) -> None:
         """Keep the KV of the first `rows` rows of the last call, drop the rest."""
@@ -135,9 +139,10 @@ def draft_block(last_token: torch.Tensor, last_position: int, width: int, mask_t
     return block_segment(torch.cat([last_token.view(1), masks]), last_position)
 
 
-def pack(segments: list[Segment], sees: dict[tuple[int, int], torch.Tensor] | None = None) -> Call:
+def pack(segments: list[Segment], sees: dict[tuple[int, int], torch.Tensor] | None = None, read_from: int = 0) -> Call:
     """Concatenate segments into one call. Segments do not see each other unless `sees`
-    maps (i, j) to a bool matrix (rows of segment i x rows of segment j) of extra visibility."""
+    maps (i, j) to a bool matrix (rows of segment i x rows of segment j) of extra visibility.
+    Logits come back for rows `read_from`.. only (Call.read_from)."""
     device = segments[0].tokens.device
     sizes = [s.rows for s in segments]
     starts = [sum(sizes[:k]) for k in range(len(sizes))]
@@ -154,6 +159,7 @@ def pack(segments: list[Segment], sees: dict[tuple[int, int], torch.Tensor] | No
         attend=attend,
         useful=None if None in (s.pads for s in segments) else total - sum(s.pads for s in segments),
         drafts=None if None in (s.drafts for s in segments) else sum(s.drafts for s in segments),
+        read_from=read_from,
     )
 
 

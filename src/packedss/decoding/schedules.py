@@ -129,7 +129,7 @@ class _LTRDecoder(Decoder):
 
     def prefill_prompt(self) -> bool:
         """Prefill without a draft: the prompt's last row gives the first token."""
-        logits = self.meter.run(pack([causal_segment(self.prompt_ids, 0)]))
+        logits = self.meter.run(pack([causal_segment(self.prompt_ids, 0)], read_from=len(self.prompt) - 1))
         self.model.commit(len(self.prompt))
         self.last = next_token(logits[-1], self.settings.sampling)
         self.note([self.produced], logits[-1:])
@@ -228,12 +228,14 @@ class _Quadratic(_LTRDecoder):
         # Prefill with the first draft attached: B masks at L..L+B-1 that see the whole prompt.
         masks = _mask_tokens(block, self.model.mask_token_id, device)
         sees_prompt = torch.ones(block, length, dtype=torch.bool, device=device)
-        call = pack([causal_segment(self.prompt_ids, 0), block_segment(masks, length)], sees={(1, 0): sees_prompt})
+        # Logits of the prompt's last row and the block's (rows L-1..).
+        call = pack([causal_segment(self.prompt_ids, 0), block_segment(masks, length)], sees={(1, 0): sees_prompt},
+                    read_from=length - 1)  # fmt: skip
         logits = self.meter.run(call)
         self.model.commit(length)
-        self.last = next_token(logits[length - 1], sampling)
-        self.note([0], logits[length - 1 : length])
-        self.drafts, self.draft_probs = propose(logits[length + 1 :], sampling)  # positions L+1..L+W
+        self.last = next_token(logits[0], sampling)
+        self.note([0], logits[0:1])
+        self.drafts, self.draft_probs = propose(logits[2:], sampling)  # positions L+1..L+W
         return self.emit(self.last.tolist())
 
     def step(self) -> bool:
@@ -268,12 +270,14 @@ class _Packed(_LTRDecoder):
         sees_prompt = torch.ones(width + 1, length, dtype=torch.bool, device=self.model.device)
         sees_prompt[:, -1] = False
         block = draft_block(self.prompt_ids[-1], length - 1, width, self.model.mask_token_id)
-        logits = self.meter.run(pack([causal_segment(self.prompt_ids, 0), block], sees={(1, 0): sees_prompt}))
+        # Logits of the prompt's last row and the block's (rows L-1..).
+        call = pack([causal_segment(self.prompt_ids, 0), block], sees={(1, 0): sees_prompt}, read_from=length - 1)
+        logits = self.meter.run(call)
         self.model.commit(length)
-        self.last = next_token(logits[length - 1], sampling)
-        self.note([0], logits[length - 1 : length])
+        self.last = next_token(logits[0], sampling)
+        self.note([0], logits[0:1])
         first = range(length, length + 1)  # the first token's position
-        self.drafts = proposals_ahead(logits[length + 1 :], range(length, length + width), first, sampling)
+        self.drafts = proposals_ahead(logits[2:], range(length, length + width), first, sampling)
         return self.emit(self.last.tolist())
 
     def step(self) -> bool:

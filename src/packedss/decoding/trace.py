@@ -97,7 +97,12 @@ class Meter:
     decomposition. `timing="events"` (CUDA only): each call is bracketed by two CUDA events and
     nothing waits for the device inside an iteration except the schedule's read-back of the
     accepted length; the event times are read once, in `finish`, and a call's time is the device
-    time from the moment its first kernel could start to the end of its last one."""
+    time from the moment its first kernel could start to the end of its last one.
+
+    A model with a `charged_s` attribute (a cost twin, packedss.models.cost_twin) states after each
+    call the seconds the call is charged: that is the call's model time, and the rest of the time
+    spent in the call (the model that decides the tokens) is left out of the wall time too. Such a
+    model is always timed on the host ("sync")."""
 
     def __init__(self, model: CallModel, timing: str = "sync"):
         if timing not in TIMINGS:
@@ -107,7 +112,9 @@ class Meter:
         self.rows_useful: list[int] = []
         self.call_model_s: list[float] = []
         self.call_stats: dict[str, list[int]] = {}  # the model's own per-call statistics, by name
-        self.cuda = timing == "events" and torch.device(model.device).type == "cuda"
+        self.charged = hasattr(model, "charged_s")
+        self.cuda = timing == "events" and torch.device(model.device).type == "cuda" and not self.charged
+        self.excluded_s = 0.0  # time inside calls that is not charged to them (cost twin): not wall
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self.started = time.perf_counter()
 
@@ -124,7 +131,11 @@ class Meter:
             start = time.perf_counter()
             logits = self.model.run(call)
             self.model.synchronize()
-            self.call_model_s.append(time.perf_counter() - start)
+            elapsed = time.perf_counter() - start
+            if self.charged:
+                self.excluded_s += elapsed - self.model.charged_s
+                elapsed = self.model.charged_s
+            self.call_model_s.append(elapsed)
         for name, value in self.model.call_stats.items():
             self.call_stats.setdefault(name, []).append(value)
         return logits
@@ -141,7 +152,7 @@ class Meter:
     ) -> Decoded:
         if self.cuda:
             self.model.synchronize()
-        wall_s = time.perf_counter() - self.started
+        wall_s = time.perf_counter() - self.started - self.excluded_s
         if self._events:
             self.call_model_s = [start.elapsed_time(end) / 1000.0 for start, end in self._events]
             self._events = []

@@ -122,12 +122,13 @@ class BackboneAdapter:
                     cache=self.cache,
                     use_cache=True,
                 )
-                logits = self.head(out.last_hidden_state[0])
+                logits = self.head(out.last_hidden_state[0, call.read_from :])
         finally:
             if lora_rows is not None:
                 self.proposal_lora.select(None)
         self._pending_rows = call.rows
-        return logits
+        # Verification and proposals read probabilities: never in a half-precision dtype.
+        return logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
 
     def commit(self, rows: int) -> None:
         if self._pending_rows is None:

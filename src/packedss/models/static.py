@@ -37,6 +37,7 @@ On a CPU every mode also generates a C++ wrapper around the kernels (inductor's 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Callable
@@ -195,16 +196,17 @@ class StaticCalls:
             torch._dynamo.mark_static_address(layer.values)
         return window
 
-    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def _forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor,
+                 read_from: int = 0) -> torch.Tensor:  # fmt: skip
         cache = self._caches[mask.shape[-1]]  # the mask's width is the window
         for layer in cache.layers:  # each layer writes the call's rows from the committed length
             layer.cumulative_length.copy_(self._start)
         out = self.backbone(input_ids=tokens, position_ids=positions, attention_mask=mask, cache=cache,
                             use_cache=True)  # fmt: skip
-        return self.head(out.last_hidden_state[0])
+        return self.head(out.last_hidden_state[0, read_from:])
 
     def run(self, call: Call, bias: torch.Tensor, lora: bool) -> torch.Tensor:
-        """Logits (R, V) of `call`, whose own rule as an additive (R, R) block is `bias`; `lora`:
+        """Logits (R - call.read_from, V) of `call`, whose own rule as an additive (R, R) block is `bias`; `lora`:
         the proposal LoRA is switched on for some of its rows. The adapter checks the call order.
         A timed call under CUDA graphs leaves its graph replays and skips in `call_stats` (and
         fails when it compiled or recorded a graph: packedss.models.graphs)."""
@@ -217,6 +219,8 @@ class StaticCalls:
 
     def _run(self, call: Call, bias: torch.Tensor, lora: bool) -> torch.Tensor:
         rows = call.rows
+        if call.read_from and self.committed:  # graphs return every row's logits: drop the context rows'
+            return self.run(dataclasses.replace(call, read_from=0), bias, lora)[call.read_from :]
         if self.committed + rows > self.capacity:
             raise PackedSSError(
                 f"the static cache holds {self.capacity} rows, but this call needs {self.committed + rows} "
@@ -229,7 +233,7 @@ class StaticCalls:
             self.calls["prefill"] += 1
             mask = torch.full((1, 1, rows, self.capacity), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
             mask[0, 0, :, :rows] = bias
-            return self._forward(call.tokens[None], call.positions[None], mask)
+            return self._forward(call.tokens[None], call.positions[None], mask, call.read_from)
         if key in self._graphs:
             self.calls["compiled"] += 1
             window = self._compiled_window(key, needed)
