@@ -256,3 +256,10 @@ def test_run_py_with_a_cost_twin_writes_the_plain_outputs_and_says_whose_time(mo
     assert [r["nfe_total"] for r in twin] == [r["nfe_total"] for r in plain]
     assert {r["cost_model"] for r in plain} == {None} and {r["cost_model"] for r in twin} == {"test:1L:bfloat16:cpu"}
     assert twin[0]["config_hash"] != plain[0]["config_hash"]
+
+
+def test_a_config_file_is_read_itself_not_its_directorys_config_json(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(dict(shape_config("test"), num_hidden_layers=2)))
+    (tmp_path / "other.json").write_text(json.dumps(dict(shape_config("test"), num_hidden_layers=1)))
+    assert shape_config(None, str(tmp_path / "other.json"))["num_hidden_layers"] == 1
+    assert shape_config(None, str(tmp_path))["num_hidden_layers"] == 2

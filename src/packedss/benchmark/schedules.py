@@ -28,7 +28,7 @@ question between the decodes: Floor ms/call, and Floor / call (%) the fraction a
 regime and width the measured Packed/Linear throughput ratio is checked against the one predicted
 from the same run's NFE and per-call times (`predict`).
 
-Definitions are the paper's (SPEC §6): aggregate totals; non-model share = Σ(wall - model) /
+Definitions are the paper's (docs/analysis.md §3): aggregate totals; non-model share = Σ(wall - model) /
 Σwall, where wall is the decoder's inclusive time (prompt included) and model the summed
 per-call model time (synchronized host time on CPU, CUDA events on a GPU).
 """

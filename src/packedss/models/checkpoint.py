@@ -30,11 +30,15 @@ def resolve_dtype(name: str | torch.dtype) -> torch.dtype:
 
 
 def read_config(path: str | Path, what: str) -> dict:
-    """The checkpoint's config.json; one clear error when the directory or file is missing or malformed."""
+    """The checkpoint's config.json (`path` a checkpoint directory, or a config file itself); one
+    clear error when the directory or file is missing or malformed."""
     directory = Path(path)
-    if not directory.is_dir():
+    if directory.is_file():
+        directory, config_file = directory.parent, directory
+    elif not directory.is_dir():
         raise PackedSSError(f"{what}: model directory {directory} does not exist; set model.path=/local/dir to a checkpoint directory")
-    config_file = directory / "config.json"
+    else:
+        config_file = directory / "config.json"
     if not config_file.is_file():
         raise PackedSSError(f"{what}: {directory} has no config.json; point model.path at a checkpoint directory (config.json and *.safetensors)")
     try:

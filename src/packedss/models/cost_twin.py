@@ -53,8 +53,7 @@ def shape_config(shape: str | None, config: str | None = None, layers: int | Non
     """config.json-style dict of a backbone: a named shape, or a checkpoint's config.json
     (a directory or the file), cut to its first `layers` layers when given."""
     if config:
-        path = Path(config)
-        out = dict(read_config(path.parent if path.is_file() else path, f"config {config}"))
+        out = dict(read_config(config, f"config {config}"))
         out = dict(out.get("text_config", out), mask_token_id=out.get("mask_token_id", 3))
     elif shape in SHAPES:
         out = dict(SHAPES[shape], max_position_embeddings=SHAPE_CONTEXT, rope_parameters=dict(_ROPE),

