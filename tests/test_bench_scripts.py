@@ -215,7 +215,9 @@ def test_bench_calls_cuts_a_shape_to_its_layers_and_refuses_a_bad_count(tmp_path
     assert run["params"] == sum(p.numel() for p in adapter.backbone.parameters()) + adapter.head.weight.numel()
     assert run["calls"][0]["weight_bytes"] == sum(w.numel() * 4 for w in linear_weights(adapter))
     capsys.readouterr()
-    assert bench_calls.main(["--shape", "test", "--layers", "3"]) == 2
+    from packedss.errors import run_reporting
+
+    assert run_reporting(lambda: bench_calls.main(["--shape", "test", "--layers", "3"])) == 2
     assert capsys.readouterr().err.strip() == "error: invalid layer count 3 for shape test; valid: 1..2"
 
 
@@ -277,7 +279,10 @@ def test_the_prediction_is_prefills_plus_the_median_call_time_per_row_count_and_
 
 
 def test_bench_schedules_refuses_a_bad_cost_shape_with_one_line(checkpoint, capsys):
-    assert bench_schedules.main(["--model", str(checkpoint), "--cost-shape", "nemotron3b", "--cost-layers", "99"]) == 2
+    from packedss.errors import run_reporting
+
+    assert run_reporting(lambda: bench_schedules.main(["--model", str(checkpoint), "--cost-shape", "nemotron3b",
+                                                       "--cost-layers", "99"])) == 2  # fmt: skip
     assert capsys.readouterr().err.strip() == "error: invalid layer count 99 for shape nemotron3b; valid: 1..26"
 
 

@@ -69,17 +69,11 @@ class Timer:
         return [start.elapsed_time(end) / 1000.0 for start, end in measured]
 
 
-class Products:
-    """Times the matrix products of a call of R rows alone: every linear layer of the backbone and
-    the head applied to an (R, in_features) input, with the model's own weights and BLAS, one
-    dispatch each (about a microsecond apiece on a CPU). The arithmetic a call cannot shed however
-    lean the rest of it is; `seconds` reads its measurements like Timer's."""
+class _TimedWork:
+    """A piece of work timed beside the calls in their round robin: `_run` on the adapter's
+    device, timed like the calls (CUDA events or a synchronized host clock)."""
 
-    def __init__(self, adapter: BackboneAdapter, rows: int):
-        self.weights = linear_weights(adapter)
-        gen = torch.Generator().manual_seed(rows)
-        self.inputs = [torch.randn((rows, w.shape[1]), generator=gen).to(w.device, w.dtype) for w in self.weights]
-        self.timer = Timer(adapter)
+    timer: Timer
 
     def one(self, call):
         with torch.inference_mode():
@@ -94,12 +88,25 @@ class Products:
             self.timer.adapter.synchronize()
             return time.perf_counter() - t0
 
+    def seconds(self, measured: list) -> list[float]:
+        return self.timer.seconds(measured)
+
+
+class Products(_TimedWork):
+    """Times the matrix products of a call of R rows alone: every linear layer of the backbone and
+    the head applied to an (R, in_features) input, with the model's own weights and BLAS, one
+    dispatch each (about a microsecond apiece on a CPU). The arithmetic a call cannot shed however
+    lean the rest of it is; `seconds` reads its measurements like Timer's."""
+
+    def __init__(self, adapter: BackboneAdapter, rows: int):
+        self.weights = linear_weights(adapter)
+        gen = torch.Generator().manual_seed(rows)
+        self.inputs = [torch.randn((rows, w.shape[1]), generator=gen).to(w.device, w.dtype) for w in self.weights]
+        self.timer = Timer(adapter)
+
     def _run(self) -> None:
         for x, weight in zip(self.inputs, self.weights):
             torch.nn.functional.linear(x, weight)
-
-    def seconds(self, measured: list) -> list[float]:
-        return self.timer.seconds(measured)
 
 
 def linear_weights(adapter: BackboneAdapter) -> list[torch.Tensor]:
@@ -123,7 +130,7 @@ def stream_min_bytes() -> int:
     return max(2**30, 4 * last_level_cache_bytes())
 
 
-class Stream:
+class Stream(_TimedWork):
     """The weight-streaming floor: one-row products (`F.linear` of a (1, in) input) over weight
     matrices of the model's own shapes and dtype, more of them in total than any cache holds (the
     model's own weights, cycled through copies while they sum to less than `min_bytes`), one pass
@@ -143,31 +150,16 @@ class Stream:
         self.inputs = {w.shape[1]: torch.randn((1, w.shape[1])).to(w.device, w.dtype) for w in self.weights}
         self.timer = Timer(adapter)
 
-    def one(self, call):
-        with torch.inference_mode():
-            if self.timer.cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                self._run()
-                end.record()
-                return start, end
-            t0 = time.perf_counter()
-            self._run()
-            self.timer.adapter.synchronize()
-            return time.perf_counter() - t0
 
     def _run(self) -> None:
         for weight in self.weights:
             torch.nn.functional.linear(self.inputs[weight.shape[1]], weight)
 
-    def seconds(self, measured: list) -> list[float]:
-        return self.timer.seconds(measured)
-
     def gbs(self, seconds: float) -> float:
         return self.bytes / seconds / 1e9
 
 
-class RawRead:
+class RawRead(_TimedWork):
     """The raw read bandwidth: one float32 sum over a buffer of `nbytes` (beside the floor)."""
 
     def __init__(self, adapter: BackboneAdapter, nbytes: int):
@@ -175,20 +167,8 @@ class RawRead:
         self.bytes = self.buffer.numel() * 4
         self.timer = Timer(adapter)
 
-    def one(self, call):
-        if self.timer.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            self.buffer.sum()
-            end.record()
-            return start, end
-        t0 = time.perf_counter()
+    def _run(self) -> None:
         self.buffer.sum()
-        self.timer.adapter.synchronize()
-        return time.perf_counter() - t0
-
-    def seconds(self, measured: list) -> list[float]:
-        return self.timer.seconds(measured)
 
     def gbs(self, seconds: float) -> float:
         return self.bytes / seconds / 1e9
