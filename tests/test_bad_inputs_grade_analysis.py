@@ -121,7 +121,7 @@ def test_analysis_of_a_folder_without_records_creates_nothing(tmp_path):
 
 @pytest.mark.parametrize("arguments, expected", [
     (["nowhere"], "no records folder nowhere"),
-    (["{tmp}", "--tables", "1"], "no table [1]; valid: 2, 3"),
+    (["{tmp}", "--tables", "1"], "no table 1; valid: 2, 3"),
     (["{tmp}", "--n-resamples", "0"], "invalid --n-resamples 0"),
 ])  # fmt: skip
 def test_analysis_argument_errors(arguments, expected, tmp_path):

@@ -102,6 +102,7 @@ class Charged:
 
     def __init__(self):
         self.charged_s = 0.0
+        self.call_stats: dict[str, int] = {}
 
     def run(self, call):
         self.charged_s = self.charge
@@ -118,7 +119,7 @@ def test_a_call_is_charged_the_cost_models_time_and_the_rest_leaves_the_wall(che
     meter = Meter(Charged())
     for rows in (3, 1, 1):
         meter.run(pack([causal_segment(torch.arange(rows), 0)]))
-    out = meter.finish(Emitter(4, (), None), 3, [1, 1], 0, 0)
+    out = meter.finish(Emitter(4, (), None), 3, [1, 1], [0, 0], [0, 0], 0)
     assert out.call_model_s == [0.25] * 3 and out.model_s == 0.75
     assert out.wall_s >= out.model_s and out.nonmodel_s == out.wall_s - out.model_s
     assert out.nonmodel_s < 0.05  # the only other time here is the meter's own bookkeeping
@@ -249,9 +250,9 @@ def test_run_py_with_a_cost_twin_writes_the_plain_outputs_and_says_whose_time(mo
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error: unknown shape 'nosuch'")
     assert run().returncode == 0
     assert run("model.cost_shape=test", "model.cost_layers=1", "model.cost_dtype=bfloat16").returncode == 0
-    files = sorted(readable_name(p) for p in (tmp_path / "out").rglob("*.jsonl"))
-    assert files == ["packed-W8-T0-s0-cost-test-1L-bfloat16-cpu.jsonl", "packed-W8-T0-s0.jsonl"]
-    plain, twin = (read_records(next((tmp_path / "out").rglob(name)))[0] for name in files)
+    paths = {readable_name(p): p for p in (tmp_path / "out").rglob("*.jsonl")}
+    assert sorted(paths) == ["packed-W8-T0-s0-cost-test-1L-bfloat16-cpu.jsonl", "packed-W8-T0-s0.jsonl"]
+    plain, twin = (read_records(paths[name])[0] for name in ("packed-W8-T0-s0.jsonl", "packed-W8-T0-s0-cost-test-1L-bfloat16-cpu.jsonl"))
     assert [r["output_hash"] for r in twin] == [r["output_hash"] for r in plain]
     assert [r["nfe_total"] for r in twin] == [r["nfe_total"] for r in plain]
     assert {r["cost_model"] for r in plain} == {None} and {r["cost_model"] for r in twin} == {"test:1L:bfloat16:cpu"}

@@ -206,7 +206,7 @@ class CostTwin:
 
     @property
     def call_stats(self) -> dict:
-        return getattr(self.model, "call_stats", {})
+        return self.model.call_stats
 
     @property
     def static(self):
