@@ -293,3 +293,13 @@ def test_enospc_part_way_through_a_record_leaves_the_file_as_it_was(tmp_path, mo
         with pytest.raises(PackedSSError, match=r"cannot write a record to .*\(No space left on device\); free space"):
             writer.append({"question_id": "q1", "repeat": 0})
     assert path.read_bytes() == before
+
+
+def test_a_stop_that_omegaconf_re_raises_keeps_its_signal():
+    """OmegaConf re-raises an exception raised inside it as type(err)(its own message); a signal
+    arriving while the config is processed must still stop with its own status."""
+    from packedss.errors import Stopped
+
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2):
+        rewrapped = Stopped(f"{Stopped(signum)}\n    full_key: model\n    object_type=RunConfig")
+        assert (str(rewrapped), rewrapped.exit_status) == (str(Stopped(signum)), 128 + signum)

@@ -33,7 +33,10 @@ class PackedSSError(Exception):
 class Stopped(PackedSSError):
     """A signal stopped the job (SIGINT: Ctrl-C; SIGTERM: preemption); exit status 128 + signal."""
 
-    def __init__(self, signum: int):
+    def __init__(self, signum: int | str):
+        if isinstance(signum, str):  # OmegaConf re-raises an error inside it as type(err)(its own message)
+            words = signum.split(";")[0].split()
+            signum = signal.Signals[words[-1]] if signum.startswith("stopped by ") else signal.SIGINT
         name = signal.Signals(signum).name
         super().__init__(INTERRUPTED if signum == signal.SIGINT else f"stopped by {name}; rerun the same command to resume")
         self.exit_status = 128 + signum
