@@ -1,11 +1,13 @@
 """Shared fixtures for the task tests."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
 
 from packedss.tasks import load_task, load_task_config
+from packedss.tasks.sandbox import NO_DROP_ENV
 
 SHARED_DATA = Path(__file__).resolve().parents[2].parent / "shared" / "data"
 
@@ -59,3 +61,15 @@ class _Helpers:
 def h():
     """Helper functions (tests/ is not a package, so tests cannot import conftest)."""
     return _Helpers
+
+
+@pytest.fixture(params=["drop", "no_drop"])
+def mode(request, monkeypatch):
+    """Each sandbox test once with the privilege drop (as root only) and once without it."""
+    if request.param == "drop":
+        if os.geteuid() != 0:
+            pytest.skip("the privilege drop only happens when the harness runs as root")
+        monkeypatch.setenv(NO_DROP_ENV, "0")
+    else:
+        monkeypatch.setenv(NO_DROP_ENV, "1")
+    return request.param

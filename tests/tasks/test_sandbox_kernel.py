@@ -45,17 +45,6 @@ HOSTILE_FILES = {
 }
 
 
-@pytest.fixture(params=["drop", "no_drop"])
-def mode(request, monkeypatch):
-    if request.param == "drop":
-        if os.geteuid() != 0:
-            pytest.skip("the privilege drop only happens when the harness runs as root")
-        monkeypatch.setenv(NO_DROP_ENV, "0")
-    else:
-        monkeypatch.setenv(NO_DROP_ENV, "1")
-    return request.param
-
-
 @pytest.fixture()
 def active(mode):
     """The protections a program gets in this mode; skips without Landlock."""

@@ -62,17 +62,6 @@ LEAKS = {
 }
 
 
-@pytest.fixture(params=["drop", "no_drop"])
-def mode(request, monkeypatch):
-    if request.param == "drop":
-        if os.geteuid() != 0:
-            pytest.skip("the privilege drop only happens when the harness runs as root")
-        monkeypatch.setenv(NO_DROP_ENV, "0")
-    else:
-        monkeypatch.setenv(NO_DROP_ENV, "1")
-    return request.param
-
-
 def test_the_forger_passes_when_it_finds_the_nonce(mode):
     """The hostile programs' forge() is a working attack: handed the nonce, it is graded passed."""
     program = FORGE + "import inspect\nforge(repr(inspect.stack()[1].frame.f_locals).encode())\n" + FAIL
