@@ -22,7 +22,7 @@ GOOD = {
     "checkpoint": "assets/tiny", "checkpoint_dir": "assets/tiny", "chat": False, "end_of_turn": [], "lora": False,
     "lora_path": None, "threads": 1, "compile": "none", "timing": "sync", "cost_model": None, "warmup_decode": True,
     "data_dir": None,
-    "pad_verify": True, "native_window": None, "max_new_tokens": 64, "lossy": False,
+    "pad_verify": True, "native_window": None, "max_new_tokens": 64, "lossy": False, "concurrency": 1,
 }  # fmt: skip
 
 

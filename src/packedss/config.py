@@ -69,6 +69,7 @@ class RunConfig:
     samples: int = 1  # independent samples per question (T > 0), each with its own seeded generator
     native_window: Optional[int] = None  # native decoder's window; null: half the checkpoint's smax
     repeats: int = 1  # timing repeats of each response
+    concurrency: int = 1  # C: responses decoded together, every call carrying each one's rows
     limit: Optional[int] = 5
     max_new_tokens: Optional[int] = None  # None: the task's own cap
     data_dir: Optional[str] = None
@@ -166,6 +167,8 @@ def validate(cfg) -> None:
         raise PackedSSError(f"invalid native_window={cfg.native_window}; must be >= 1, or null for the default")
     if cfg.repeats < 1:
         raise PackedSSError(f"invalid repeats={cfg.repeats}; must be >= 1")
+    if cfg.concurrency < 1:
+        raise PackedSSError(f"invalid concurrency={cfg.concurrency}; must be >= 1 (1: one response at a time)")
     if cfg.limit is not None and cfg.limit < 1:
         raise PackedSSError(f"invalid limit={cfg.limit}; must be >= 1, or null for all questions")
     if cfg.max_new_tokens is not None and cfg.max_new_tokens < 1:

@@ -57,6 +57,7 @@ class JobSpec:
     seed: int
     max_new_tokens: int
     lossy: bool  # the schedule is not meant to equal the AR output
+    concurrency: int  # C: responses decoded together, each call carrying every active one's rows
 
     @property
     def call_width(self) -> int:
@@ -77,7 +78,7 @@ class JobSpec:
 
     def record_path(self, out_dir: str | Path) -> Path:
         """<out_dir>/<model>/<task>/<schedule>[-nopad][-lora][-W<width>]-T<temperature>[-<verify>]
-        [-<order>]-s<seed>[-compiled-<mode>][-cost-<shape>-<L>L-<dtype>-<device>]-<config hash>.jsonl:
+        [-<order>]-s<seed>[-C<concurrency>][-compiled-<mode>][-cost-<shape>-<L>L-<dtype>-<device>]-<config hash>.jsonl:
         the readable parts name the
         usual axes, and the hash makes the name unique per identity (dtype, output cap, ...)."""
         name = self.schedule
@@ -93,6 +94,8 @@ class JobSpec:
         if self.order:
             name += f"-{self.order}"
         name += f"-s{self.seed}"
+        if self.concurrency > 1:
+            name += f"-C{self.concurrency}"
         if self.compile != "none":
             name += f"-compiled-{self.compile}"
         if self.cost_model:  # shape:layersL:dtype:device, a shape directory by its own name
@@ -158,6 +161,7 @@ def job_spec(
         seed=int(cfg.seed),
         max_new_tokens=int(cfg.max_new_tokens or task_config.max_new_tokens),
         lossy=decoder.lossy,
+        concurrency=int(cfg.concurrency),
     )
 
 

@@ -123,7 +123,7 @@ def make_record(
         warmup_decode=True, task=task, task_config={"name": task}, data_dir=None, schedule=schedule, width=width,
         block=block, pad_verify=True if decoder.reads_pad_verify else None, native_window=None,
         temperature=temperature, verify="rejection" if temperature > 0 else GREEDY, order=order, seed=seed,
-        max_new_tokens=256, lossy=decoder.lossy,
+        max_new_tokens=256, lossy=decoder.lossy, concurrency=1,
     ) | {k: v for k, v in extra.items() if k in IDENTITY_FIELDS and (k != "pad_verify" or decoder.reads_pad_verify)}))  # fmt: skip
     extra = {k: v for k, v in extra.items() if k not in IDENTITY_FIELDS}
     record = spec.fields() | {

@@ -41,12 +41,13 @@ OPTIONAL_DEFAULTS = {
     "lora_rows_evaluated": None,
     "call_model_s": None,
     "native_window": None,
+    "concurrency": 1,
 }
 
 # The identity fields that the tables key and label rows by; a question's records within a run
 # differ only in `sample` and `repeat`.
 TABLE_KEYS = ("model", "task", "schedule", "width", "temperature", "verify", "order", "seed", "family", "lora",
-              "pad_verify", "native_window")  # fmt: skip
+              "pad_verify", "native_window", "concurrency")  # fmt: skip
 # Every other field of the job's identity (packedss.job: checkpoint, dtype, compile mode, output
 # cap, ...) is summed up in the `config` column: "" where it takes one value for every run of the
 # folder with the same TABLE_KEYS, else the `field=value` pairs of the fields that differ (a

@@ -100,10 +100,22 @@ class BackboneAdapter:
         mask[:, cached:] = self._attend_bias(call.attend)
         return mask[None, None]
 
-    @torch.inference_mode()
-    def run(self, call: Call) -> torch.Tensor:
+    def before_call(self, call: Call) -> None:
+        """What the family's model does to its cache before a call (SetDLM: drop the oldest rows);
+        also run per request by the batched path (packedss.models.batched)."""
         if self._pending_rows is not None:
             raise RuntimeError("commit() the previous call before running the next one")
+
+    def after_call(self, call: Call, logits: torch.Tensor) -> torch.Tensor:
+        """The call's logits as the family's model returns them (SetDLM: the mask token is never
+        predicted); marks the call's rows pending until `commit`."""
+        self._pending_rows = call.rows
+        # Verification and proposals read probabilities: never in a half-precision dtype.
+        return logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
+
+    @torch.inference_mode()
+    def run(self, call: Call) -> torch.Tensor:
+        self.before_call(call)
         lora_rows = None
         selected = 0
         if self.proposal_lora is not None:
@@ -126,9 +138,7 @@ class BackboneAdapter:
         finally:
             if lora_rows is not None:
                 self.proposal_lora.select(None)
-        self._pending_rows = call.rows
-        # Verification and proposals read probabilities: never in a half-precision dtype.
-        return logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
+        return self.after_call(call, logits)
 
     def commit(self, rows: int) -> None:
         if self._pending_rows is None:

@@ -92,6 +92,7 @@ class SetDLMAdapter(BackboneAdapter):
         super().__init__(*args, **kwargs)
         self.window = window
         self.context = context
+        self._dropped = 0  # cache rows the current call dropped
 
     def prompt_budget(self, max_new_tokens: int, call_rows: int) -> int | None:
         """The model drops its oldest cache rows itself, so only the prefill call must fit the
@@ -100,17 +101,19 @@ class SetDLMAdapter(BackboneAdapter):
             return super().prompt_budget(max_new_tokens, call_rows)
         return self.context - call_rows
 
-    @torch.inference_mode()
-    def run(self, call: Call) -> torch.Tensor:
-        dropped = 0
+    def before_call(self, call: Call) -> None:
+        super().before_call(call)
+        self._dropped = 0
         if self.context is not None:
-            dropped = max(0, self.cached_rows + call.rows - self.context)
-            if dropped:
-                self._drop_oldest(dropped, call.rows)
-        logits = super().run(call)
+            self._dropped = max(0, self.cached_rows + call.rows - self.context)
+            if self._dropped:
+                self._drop_oldest(self._dropped, call.rows)
+
+    def after_call(self, call: Call, logits: torch.Tensor) -> torch.Tensor:
+        logits = super().after_call(call, logits)
         logits[:, self.mask_token_id] = float("-inf")
         if self.context is not None:
-            self.call_stats = {**self.call_stats, "cache_rows_dropped": dropped}
+            self.call_stats = {**self.call_stats, "cache_rows_dropped": self._dropped}
         return logits
 
     def _drop_oldest(self, rows: int, call_rows: int) -> None:
