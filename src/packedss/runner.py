@@ -6,10 +6,14 @@ Everything that can be wrong with the input is checked before the record file is
 
 from __future__ import annotations
 
+import json
+import os
 import platform
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -20,12 +24,15 @@ import packedss
 from packedss.errors import PackedSSError
 from packedss.config import check_out_dir, validate, validate_width
 from packedss.decoding import Sampling
+from packedss.decoding.batching import Request, decode_batched
 from packedss.decoding.verify import question_seed
 from packedss.families import family_named
 from packedss.job import job_spec, task_config_for
 from packedss.models import load_model, resolve_path, select_checkpoint
 from packedss.models.checkpoint import read_config
-from packedss.models.cost_twin import CostTwin, build_cost_model, cost_spec
+from packedss.models.batched import batched_executor
+from packedss.models.checkpoint import resolve_dtype
+from packedss.models.cost_twin import CostTwin, available_bytes, build_cost_model, cost_spec
 from packedss.models.static import end_warmup, enable_static, static_capacity
 from packedss.numerics import exact_reductions
 from packedss.paths import PROJECT_ROOT
@@ -114,7 +121,7 @@ def run_job(cfg) -> JobResult:
     settings_fields = family.settings_fields(spec.schedule, {"pad_verify": cfg.schedule.pad_verify, "order": spec.order,
                                                              "native_window": spec.native_window}, max_block)  # fmt: skip
 
-    def decode_question(question_id: str, sample: int, ids: list[int]):
+    def decode_question(model, question_id: str, sample: int, ids: list[int]):
         generator = None
         if not greedy:
             generator = torch.Generator(device=device).manual_seed(question_seed(spec.seed, question_id, sample))
@@ -142,9 +149,12 @@ def run_job(cfg) -> JobResult:
         fitted = fit_prompt(ids, budget, tokenizer.bos_token_id)
         return fitted, len(ids) - len(fitted)
 
-    if spec.compile != "none" or cost is not None:
+    if spec.compile != "none" or cost is not None or spec.concurrency > 1:
         longest_prompt = max(len(prompt_ids(q)[0]) for q in questions)
         capacity = static_capacity(longest_prompt, spec.max_new_tokens, largest_call)
+    if spec.concurrency > 1:
+        check_concurrency_memory(spec.concurrency, capacity, [(model, device)] + ([] if cost is None else [
+            (cost.config, torch.device(cost.device), cost.dtype)]))  # fmt: skip
     if cost is not None:
         cost.check_context(capacity)  # before the cost model is built
         model = CostTwin(model, build_cost_model(cost, model), cost.label)
@@ -157,13 +167,31 @@ def run_job(cfg) -> JobResult:
             enable_static(model, spec.compile, capacity)
     stop_check = make_stop_check(tokenizer, stops)
     path = spec.record_path(cfg.out_dir)
+
+    def decoded(pending):
+        """(response, its prompt ids and truncation) with its Decoded, as each finishes: one at a
+        time, or `concurrency` at a time in batched calls (packedss.decoding.batching)."""
+        responses = []
+        for question, sample, repeat in pending:
+            ids, truncated = prompt_ids(question)
+            responses.append((question, sample, repeat, ids, truncated))
+        if spec.concurrency == 1:
+            for response in responses:
+                yield response, decode_question(model, response[0].question_id, response[1], response[3])
+            return
+        requests = [Request(response, partial(decode_question, question_id=response[0].question_id,
+                                              sample=response[1], ids=response[3]))
+                    for response in responses]  # fmt: skip
+        for request, out in decode_batched(batched_executor(model, spec.concurrency), requests, spec.concurrency):
+            yield request.key, out
+
     responses = [(q, k, r) for q in questions for k in range(cfg.samples) for r in range(cfg.repeats)]
     with SignalGuard() as guard, RecordWriter(path) as writer:
         done = writer.done_keys(spec.config_hash)
         pending = [(q, k, r) for q, k, r in responses if (q.question_id, k, r) not in done]
         if pending and cfg.warmup:
             first = pending[0][0]
-            decode_question(first.question_id, 0, prompt_ids(first)[0])
+            decode_question(model, first.question_id, 0, prompt_ids(first)[0])
             # compiled shapes are fixed from here on; none compiles while timed
             compile_s = model.end_warmup() if cost is not None else end_warmup(model)
             if compile_s:
@@ -173,12 +201,11 @@ def run_job(cfg) -> JobResult:
         written = 0
         tokens_total = wall_total = 0.0
         accepted_total = iterations_total = 0
-        bar = tqdm(pending, desc=f"{spec.model}/{spec.task}/{spec.schedule} W={spec.width}",
+        bar = tqdm(total=len(pending), desc=f"{spec.model}/{spec.task}/{spec.schedule} W={spec.width}",
                    unit="response", disable=None if cfg.progress else True, file=sys.stderr)  # fmt: skip
         grades = {}
-        for question, sample, repeat in bar:
-            ids, truncated = prompt_ids(question)
-            out = decode_question(question.question_id, sample, ids)
+        started = time.perf_counter()
+        for (question, sample, repeat, ids, truncated), out in decoded(pending):
             text = output_text(tokenizer, out.tokens, stops)
             key = (question.question_id, sample)
             if key not in grades:  # repeats time the same response again: grade it once
@@ -205,10 +232,64 @@ def run_job(cfg) -> JobResult:
             wall_total += out.wall_s
             accepted_total += sum(out.accepted)
             iterations_total += out.iterations
+            bar.update(1)
             bar.set_postfix(tok_s=f"{tokens_total / max(wall_total, 1e-9):.1f}",
                             accepted=f"{accepted_total / max(iterations_total, 1):.2f}")  # fmt: skip
         bar.close()
+        if written:
+            write_throughput(path, spec, written, int(tokens_total), wall_total, time.perf_counter() - started)
     return JobResult(path=path, written=written, skipped=len(responses) - len(pending))
+
+
+def write_throughput(path: Path, spec, responses: int, output_tokens: int, wall_s: float, elapsed_s: float) -> None:
+    """Append this invocation's system throughput to the job's `<record stem>.throughput.json`:
+    output tokens over the responses' summed wall time (at concurrency C their shares of each
+    batched call add up to the job's time; a cost twin's deciding model is left out), and the
+    host's own elapsed seconds."""
+    summary = path.with_name(path.stem + ".throughput.json")
+    runs = json.loads(summary.read_text()) if summary.exists() else []
+    runs.append({
+        "config_hash": spec.config_hash,
+        "concurrency": spec.concurrency,
+        "responses": responses,
+        "output_tokens": output_tokens,
+        "wall_s": wall_s,
+        "tokens_per_s": output_tokens / wall_s if wall_s > 0 else None,
+        "elapsed_s": elapsed_s,
+    })  # fmt: skip
+    partial_file = summary.with_name(summary.name + ".tmp")
+    partial_file.write_text(json.dumps(runs, indent=1) + "\n")
+    os.replace(partial_file, summary)
+
+
+def kv_bytes_per_row(config, dtype) -> int:
+    """Bytes of one cached row (every layer's key and value) of a backbone config."""
+    get = config.get if isinstance(config, dict) else lambda name, default=None: getattr(config, name, default)
+    heads = int(get("num_attention_heads"))
+    kv_heads = int(get("num_key_value_heads") or heads)
+    head_dim = int(get("head_dim") or int(get("hidden_size")) // heads)
+    element = torch.empty((), dtype=resolve_dtype(dtype) if isinstance(dtype, str) else dtype).element_size()
+    return int(get("num_hidden_layers")) * 2 * kv_heads * head_dim * element
+
+
+def check_concurrency_memory(concurrency: int, capacity: int, models: list[tuple]) -> None:
+    """C caches of `capacity` rows (the longest prompt, the output cap and the largest call) must
+    fit each model's device: (adapter, device) or (cost config, device, dtype)."""
+    for entry in models:
+        if len(entry) == 2:
+            adapter, device = entry
+            config, dtype, name = adapter.backbone.config, adapter.dtype, adapter.name
+        else:
+            config, device, dtype = entry
+            name = "the cost model"
+        needed = concurrency * capacity * kv_bytes_per_row(config, dtype)
+        free = available_bytes(device)
+        if needed > free:
+            raise PackedSSError(
+                f"concurrency={concurrency}: {concurrency} caches of {capacity} rows for {name} need "
+                f"{needed / 2**30:.1f} GiB, but {device.type} has {max(free, 0) / 2**30:.1f} GiB free; "
+                "lower concurrency or max_new_tokens"
+            )
 
 
 def question_prompt_ids(task: Task, tokenizer, question, chat: bool) -> list[int]:

@@ -41,6 +41,10 @@ class Decoded:
     model_s: float
     nonmodel_s: float
     call_model_s: list[float]  # synchronized model time of each call (prefill first)
+    # From the start of the first call to the end of the last (the job's clock at concurrency > 1).
+    latency_s: float
+    call_requests: list[int]  # requests each call carried (1 unless calls are batched)
+    call_batch_rows: list[int]  # rows of each call over all its requests (rows_evaluated unless batched)
     extra: dict = field(default_factory=dict)  # family-specific per-call fields (e.g. any-order u, p)
 
     def cost_fields(self) -> dict:
@@ -87,6 +91,7 @@ class Emitter:
 
 
 TIMINGS = ("sync", "events")
+BATCH_STATS = ("call_requests", "call_batch_rows")
 
 
 class Meter:
@@ -102,7 +107,10 @@ class Meter:
     A model with a `charged_s` attribute (a cost twin, packedss.models.cost_twin) states after each
     call the seconds the call is charged: that is the call's model time, and the rest of the time
     spent in the call (the model that decides the tokens) is left out of the wall time too. Such a
-    model is always timed on the host ("sync")."""
+    model is always timed on the host ("sync").
+
+    A batched call's model (packedss.decoding.batching) states in its `call_stats` the requests
+    and rows of the whole call (BATCH_STATS) and, in `charged_s`, this request's share of its time."""
 
     def __init__(self, model: CallModel, timing: str = "sync"):
         if timing not in TIMINGS:
@@ -117,10 +125,16 @@ class Meter:
         self.excluded_s = 0.0  # time inside calls that is not charged to them (cost twin): not wall
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self.started = time.perf_counter()
+        self.call_requests: list[int] = []
+        self.call_batch_rows: list[int] = []
+        self._first_call: float | None = None  # the wall clock (less excluded time) at the first call
+        self._last_end = 0.0
 
     def run(self, call: Call) -> torch.Tensor:
         self.rows_evaluated.append(call.rows)
         self.rows_useful.append(call.rows_useful)
+        if self._first_call is None:
+            self._first_call = time.perf_counter() - self.excluded_s
         if self.cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -136,8 +150,13 @@ class Meter:
                 self.excluded_s += elapsed - self.model.charged_s
                 elapsed = self.model.charged_s
             self.call_model_s.append(elapsed)
-        for name, value in self.model.call_stats.items():
-            self.call_stats.setdefault(name, []).append(value)
+            self._last_end = time.perf_counter() - self.excluded_s
+        stats = self.model.call_stats
+        self.call_requests.append(stats.get("call_requests", 1))
+        self.call_batch_rows.append(stats.get("call_batch_rows", call.rows))
+        for name, value in stats.items():
+            if name not in BATCH_STATS:
+                self.call_stats.setdefault(name, []).append(value)
         return logits
 
     def finish(
@@ -153,8 +172,10 @@ class Meter:
         if self.cuda:
             self.model.synchronize()
         wall_s = time.perf_counter() - self.started - self.excluded_s
+        latency_s = self._last_end - self._first_call if self._first_call is not None else 0.0
         if self._events:
             self.call_model_s = [start.elapsed_time(end) / 1000.0 for start, end in self._events]
+            latency_s = self._events[0][0].elapsed_time(self._events[-1][1]) / 1000.0
             self._events = []
         model_s = sum(self.call_model_s)
         return Decoded(
@@ -176,6 +197,9 @@ class Meter:
             model_s=model_s,
             nonmodel_s=wall_s - model_s,
             call_model_s=self.call_model_s,
+            latency_s=latency_s,
+            call_requests=self.call_requests,
+            call_batch_rows=self.call_batch_rows,
             extra={**self.call_stats, **(extra or {})},
         )
 

@@ -213,7 +213,8 @@ class CostTwin:
         """The cost model's static path (its call counts are the timed ones), or None."""
         return getattr(self.cost, "static", None)
 
-    def _for_cost(self, call: Call) -> Call:
+    def cost_call(self, call: Call) -> Call:
+        """The call as the cost model runs it (on its device)."""
         device = self.cost.device
         if call.tokens.device == device:
             return call
@@ -228,7 +229,7 @@ class CostTwin:
     def run(self, call: Call) -> torch.Tensor:
         logits = self.model.run(call)
         self.model.synchronize()
-        cost_call = self._for_cost(call)
+        cost_call = self.cost_call(call)
         started = time.perf_counter()
         self.cost.run(cost_call)
         self.cost.synchronize()

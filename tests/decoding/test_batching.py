@@ -1,0 +1,208 @@
+"""Concurrency C: batched decoding (packedss.decoding.batching over packedss.models.batched)
+equals unbatched decoding token for token in float32, for every schedule of both families;
+requests never see each other; the batch's time is shared and its clock is the job's."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from packedss.decoding import LTRSettings, Sampling, decode_ltr
+from packedss.decoding.anyorder import ANYORDER_DECODERS, AnyOrderSettings, decode_anyorder
+from packedss.decoding.batching import Request, decode_batched
+from packedss.decoding.calls import block_segment, causal_segment, pack
+from packedss.decoding.schedules import LTR_DECODERS
+from packedss.models.batched import BatchedCalls
+from packedss.models.nemotron import load_nemotron
+from packedss.models.setdlm import load_setdlm
+from packedss.paths import PROJECT_ROOT
+from tests.toy_ltr import ToyLTRModel
+
+GREEDY = Sampling(0.0, "rejection", None)
+# Prompts of different lengths and output caps of different sizes, so that requests finish at
+# different times and later ones join batches in progress.
+PROMPTS = [[5, 17, 33, 8, 91, 12, 7], [9, 4], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 3 + 8], [61, 62, 63],
+           [7, 7, 7, 7, 7], [100, 5, 100, 5, 100, 5, 100, 5]]  # fmt: skip
+CAPS = [30, 12, 22, 5, 17, 9]
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_nemotron(PROJECT_ROOT / "assets" / "models" / "tiny", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def tiny_set():
+    return load_setdlm(PROJECT_ROOT / "assets" / "models" / "tiny-set", dtype="float32")
+
+
+def _ltr(schedule: str, cap: int) -> LTRSettings:
+    return LTRSettings(schedule, 4, cap, (2,), GREEDY)
+
+
+def _anyorder(schedule: str, cap: int, order: str) -> AnyOrderSettings:
+    return AnyOrderSettings(schedule, 4, cap, (2,), GREEDY, order=order)
+
+
+def _requests(decode, settings_for):
+    return [Request(k, lambda model, k=k: decode(model, PROMPTS[k], settings_for(CAPS[k]))) for k in range(len(PROMPTS))]
+
+
+def _batched(model, requests, concurrency):
+    return {request.key: out for request, out in decode_batched(BatchedCalls(model, concurrency), requests, concurrency)}
+
+
+def _same_decode(alone, together):
+    assert together.tokens == alone.tokens
+    assert together.finish_reason == alone.finish_reason
+    assert together.rows_evaluated == alone.rows_evaluated
+    assert together.accepted == alone.accepted
+    assert together.nfe_total == alone.nfe_total
+
+
+@pytest.mark.parametrize("concurrency", [1, 3, 4])
+@pytest.mark.parametrize("schedule", [d.name for d in LTR_DECODERS])
+def test_batched_ltr_decoding_equals_one_at_a_time(tiny, schedule, concurrency):
+    requests = _requests(decode_ltr, lambda cap: _ltr(schedule, cap))
+    alone = {request.key: request.decode(tiny) for request in requests}
+    together = _batched(tiny, requests, concurrency)
+    assert sorted(together) == sorted(alone)
+    for key in alone:
+        _same_decode(alone[key], together[key])
+    assert len({len(out.tokens) for out in alone.values()}) > 2  # they do finish at different times
+
+
+@pytest.mark.parametrize("concurrency", [1, 3, 4])
+@pytest.mark.parametrize("order", ["ltr", "confidence"])
+@pytest.mark.parametrize("schedule", [d.name for d in ANYORDER_DECODERS])
+def test_batched_anyorder_decoding_equals_one_at_a_time(tiny_set, schedule, order, concurrency):
+    requests = _requests(decode_anyorder, lambda cap: _anyorder(schedule, cap, order))
+    alone = {request.key: request.decode(tiny_set) for request in requests}
+    together = _batched(tiny_set, requests, concurrency)
+    for key in alone:
+        _same_decode(alone[key], together[key])
+        assert together[key].extra.get("resolved") == alone[key].extra.get("resolved")
+
+
+def test_requests_of_a_batch_join_and_leave_independently(tiny):
+    """Continuous batching: a finished request's slot takes the next one in the next call."""
+    requests = _requests(decode_ltr, lambda cap: _ltr("packed", cap))
+    finished = list(decode_batched(BatchedCalls(tiny, 2), requests, 2))
+    by_key = {request.key: out for request, out in finished}
+    assert [request.key for request, _ in finished][0] == 1  # its cap is smaller than request 0's
+    # Request 2 takes request 1's slot while request 0 still decodes: its prefill rides with it.
+    assert by_key[2].call_requests[0] == 2
+    assert all(n in (1, 2) for out in by_key.values() for n in out.call_requests)
+    assert by_key[0].call_requests[0] == 2
+    total_calls = sum(out.nfe_total for out in by_key.values())
+    two_request_calls = sum(out.call_requests.count(2) for out in by_key.values())
+    assert two_request_calls / total_calls > 0.8
+    # Each call's rows over all its requests are at least the request's own.
+    for out in by_key.values():
+        assert all(batch >= own for batch, own in zip(out.call_batch_rows, out.rows_evaluated))
+
+
+def _two_calls(model, other_tokens):
+    """Two requests, each on a cache of its own prompt, then one packed call of both."""
+    batch = BatchedCalls(model, 2)
+    prompts = [torch.tensor([5, 17, 33, 8, 91]), other_tokens]
+    batch.run([(0, pack([causal_segment(prompts[0], 0)])), (1, pack([causal_segment(prompts[1], 0)]))])
+    batch.commit(0, 5)
+    batch.commit(1, len(other_tokens))
+    mask = model.mask_token_id
+    first = pack([block_segment(torch.tensor([12, mask, mask, mask]), 5)])
+    second = pack([causal_segment(torch.flip(other_tokens, [0])[:3], len(other_tokens))])
+    return batch.run([(0, first), (1, second)])[0]
+
+
+@pytest.mark.parametrize("loader", ["tiny", "tiny_set"])
+def test_rows_of_different_requests_never_see_each_other(loader, request):
+    model = request.getfixturevalue(loader)
+    mine = _two_calls(model, torch.tensor([9, 4, 22, 61, 7, 30]))
+    with_other_tokens = _two_calls(model, torch.tensor([60, 61, 62, 10, 11, 12]))
+    assert torch.equal(mine, with_other_tokens)
+    # And they are the logits of the call alone.
+    alone = BatchedCalls(model, 1)
+    alone.run([(0, pack([causal_segment(torch.tensor([5, 17, 33, 8, 91]), 0)]))])
+    alone.commit(0, 5)
+    mask = model.mask_token_id
+    single = alone.run([(0, pack([block_segment(torch.tensor([12, mask, mask, mask]), 5)]))])[0]
+    torch.testing.assert_close(mine, single, rtol=1e-5, atol=1e-5)
+
+
+class _ToyBatch:
+    """A BatchExecutor over one toy model per slot, charged one second per batched call."""
+
+    def __init__(self, slots: int, fail_at: int | None = None):
+        self.models = [ToyLTRModel(vocab=8, seed=1) for _ in range(slots)]
+        self.device = torch.device("cpu")
+        self.mask_token_id = self.models[0].mask_token_id
+        self.charged_s = 1.0
+        self.calls: list[list[int]] = []
+        self.fail_at = fail_at
+
+    def run(self, items):
+        if self.fail_at is not None and len(self.calls) == self.fail_at:
+            raise RuntimeError("the device fell over")
+        self.calls.append([slot for slot, _ in items])
+        return [self.models[slot].run(call) for slot, call in items]
+
+    def commit(self, slot, rows):
+        self.models[slot].commit(rows)
+
+    def reset(self, slot):
+        self.models[slot].reset()
+
+    def call_stats(self, slot):
+        return {}
+
+    def synchronize(self):
+        pass
+
+
+def _toy_requests(count: int):
+    settings = [LTRSettings("packed", 3, 6 + 5 * k, (), GREEDY) for k in range(count)]
+    return [Request(k, lambda model, k=k: decode_ltr(model, [1, 2, 3][: 1 + k % 3], settings[k])) for k in range(count)]
+
+
+def test_a_batched_call_is_shared_by_rows_and_latency_runs_on_the_job_clock():
+    executor = _ToyBatch(3)
+    finished = dict((request.key, out) for request, out in decode_batched(executor, _toy_requests(5), 3))
+    # Every batched call is charged 1 s, split among its requests by their rows.
+    for out in finished.values():
+        assert out.model_s == pytest.approx(sum(out.call_model_s))
+        for share, own, total in zip(out.call_model_s, out.rows_evaluated, out.call_batch_rows):
+            assert share == pytest.approx(own / total)
+    assert sum(out.model_s for out in finished.values()) == pytest.approx(len(executor.calls), rel=1e-6)
+    # The job's clock advances by the charged second per call (plus host work), so a request's
+    # latency spans its calls' batches; its wall time holds only its share.
+    for out in finished.values():
+        assert out.nfe_total <= out.latency_s + 1e-9
+        assert out.latency_s < len(executor.calls) + 0.5
+        assert out.wall_s == pytest.approx(out.model_s + out.nonmodel_s)
+        assert out.nonmodel_s < 0.5
+    longest = max(finished.values(), key=lambda out: out.nfe_total)
+    assert longest.latency_s > longest.model_s + 1  # it waited on other requests' shares too
+
+
+def test_an_error_in_one_request_ends_the_batch_and_its_threads():
+    before = threading.active_count()
+    with pytest.raises(RuntimeError, match="fell over"):
+        list(decode_batched(_ToyBatch(3, fail_at=4), _toy_requests(5), 3))
+    assert threading.active_count() == before
+
+
+def test_closing_the_batch_early_ends_its_threads():
+    before = threading.active_count()
+    batches = decode_batched(_ToyBatch(3), _toy_requests(5), 3)
+    next(batches)
+    batches.close()
+    assert threading.active_count() == before
+
+
+def test_a_decoder_error_is_raised_in_the_callers_thread():
+    bad = Request("empty", lambda model: decode_ltr(model, [], LTRSettings("packed", 3, 5, (), GREEDY)))
+    with pytest.raises(ValueError, match="at least one token"):
+        list(decode_batched(_ToyBatch(2), [*_toy_requests(1), bad], 2))
