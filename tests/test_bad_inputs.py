@@ -40,7 +40,6 @@ CONFIGURATION = [
     (["concurrency=0"], ["invalid concurrency=0", "must be >= 1"]),
     (["concurrency=1.5"], ["invalid value for concurrency", "'1.5'"]),
     (["concurrency=two"], ["invalid value for concurrency", "'two'"]),
-    (["concurrency=4", "model.compile=default"], ["batched calls run on the eager path", "model.compile=none"]),
     (["concurrency=100000000"], ["concurrency=100000000: 100000000 caches of", "lower concurrency"]),
 ]
 

@@ -169,11 +169,6 @@ def validate(cfg) -> None:
         raise PackedSSError(f"invalid repeats={cfg.repeats}; must be >= 1")
     if cfg.concurrency < 1:
         raise PackedSSError(f"invalid concurrency={cfg.concurrency}; must be >= 1 (1: one response at a time)")
-    if cfg.concurrency > 1 and cfg.model.compile != "none":
-        raise PackedSSError(
-            f"concurrency={cfg.concurrency} with model.compile={cfg.model.compile}: batched calls run on the eager "
-            "path only; set model.compile=none, or concurrency=1"
-        )
     if cfg.limit is not None and cfg.limit < 1:
         raise PackedSSError(f"invalid limit={cfg.limit}; must be >= 1, or null for all questions")
     if cfg.max_new_tokens is not None and cfg.max_new_tokens < 1:

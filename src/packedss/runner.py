@@ -160,7 +160,10 @@ def run_job(cfg) -> JobResult:
         model = CostTwin(model, build_cost_model(cost, model), cost.label)
         print(f"cost twin: model time is that of {cost.label} ({cost.params / 1e9:.2f}B parameters, random "
               "weights)", file=sys.stderr)  # fmt: skip
-    if spec.compile != "none":
+    executor = None  # concurrency > 1: the batched calls' executor, on the eager or the static path
+    if spec.concurrency > 1:
+        executor = batched_executor(model, spec.concurrency, spec.compile, capacity if spec.compile != "none" else 0)
+    elif spec.compile != "none":
         if cost is not None:
             model.enable_static(spec.compile, capacity)
         else:
@@ -175,25 +178,33 @@ def run_job(cfg) -> JobResult:
         for question, sample, repeat in pending:
             ids, truncated = prompt_ids(question)
             responses.append((question, sample, repeat, ids, truncated))
-        if spec.concurrency == 1:
+        if executor is None:
             for response in responses:
                 yield response, decode_question(model, response[0].question_id, response[1], response[3])
             return
         requests = [Request(response, partial(decode_question, question_id=response[0].question_id,
                                               sample=response[1], ids=response[3]))
                     for response in responses]  # fmt: skip
-        for request, out in decode_batched(batched_executor(model, spec.concurrency), requests, spec.concurrency):
+        for request, out in decode_batched(executor, requests, spec.concurrency):
             yield request.key, out
+
+    def warm_up(pending) -> dict[str, float]:
+        """Untimed, unrecorded decodes before the timed ones: the first response, or the first C
+        at concurrency C (the batched shapes); compiled shapes are fixed from then on, and none
+        compiles while timed. Returns the compile seconds per shape."""
+        firsts = list({question.question_id: (question, 0, 0) for question, _, _ in pending}.values())
+        for _ in decoded(firsts[: spec.concurrency]):
+            pass
+        if executor is not None:
+            return executor.end_warmup()
+        return model.end_warmup() if cost is not None else end_warmup(model)
 
     responses = [(q, k, r) for q in questions for k in range(cfg.samples) for r in range(cfg.repeats)]
     with SignalGuard() as guard, RecordWriter(path) as writer:
         done = writer.done_keys(spec.config_hash)
         pending = [(q, k, r) for q, k, r in responses if (q.question_id, k, r) not in done]
         if pending and cfg.warmup:
-            first = pending[0][0]
-            decode_question(model, first.question_id, 0, prompt_ids(first)[0])
-            # compiled shapes are fixed from here on; none compiles while timed
-            compile_s = model.end_warmup() if cost is not None else end_warmup(model)
+            compile_s = warm_up(pending)
             if compile_s:
                 job_fields["compile_s"] = compile_s
                 shapes = ", ".join(f"{shape}: {seconds:.1f} s" for shape, seconds in compile_s.items())

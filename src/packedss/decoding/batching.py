@@ -167,7 +167,8 @@ class _Batch:
             call = slot.pending
             slot.pending, slot.logits = None, out
             slot.charged_s = charged * call.rows / rows
-            slot.call_stats = executor.call_stats(slot.slot) | {"call_requests": len(items), "call_batch_rows": rows}
+            # The executor states the rows it evaluated when they are not the calls' (padding).
+            slot.call_stats = {"call_requests": len(items), "call_batch_rows": rows} | executor.call_stats(slot.slot)
             if slot.first_call_start is None:
                 slot.first_call_start = started
             slot.last_call_end = ended

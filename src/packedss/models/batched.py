@@ -122,16 +122,19 @@ class BatchedCalls:
     def synchronize(self) -> None:
         self.adapter.synchronize()
 
+    def end_warmup(self) -> dict[str, float]:
+        """Nothing compiles on the eager path."""
+        return {}
+
 
 class BatchedTwin:
     """The batched form of a cost twin (packedss.models.cost_twin.CostTwin): the decoding model's
-    batched call decides the tokens, the cost model's batched call of the same rows is timed
-    (`charged_s`)."""
+    batched call (on executor `decide`) decides the tokens, the cost model's batched call of the
+    same rows (on `cost`) is timed (`charged_s`)."""
 
-    def __init__(self, twin, slots: int):
+    def __init__(self, twin, decide, cost):
         self.twin = twin
-        self.decide = BatchedCalls(twin.model, slots)
-        self.cost = BatchedCalls(twin.cost, slots)
+        self.decide, self.cost = decide, cost
         self.device = self.decide.device
         self.mask_token_id = self.decide.mask_token_id
         self.charged_s: float | None = 0.0
@@ -160,9 +163,24 @@ class BatchedTwin:
     def synchronize(self) -> None:
         self.decide.synchronize()
 
+    def end_warmup(self) -> dict[str, float]:
+        """Close compilation on both; the cost model's compile seconds per shape."""
+        self.decide.end_warmup()
+        return self.cost.end_warmup()
 
-def batched_executor(model, slots: int):
-    """The batch executor of a job's model (an adapter, or a cost twin over two)."""
+
+def batched_executor(model, slots: int, compile_mode: str = "none", capacity: int = 0):
+    """The batch executor of a job's model (an adapter, or a cost twin over two): eager, or on
+    static caches of `capacity` rows with compiled graphs (packedss.models.batched_static)."""
     from packedss.models.cost_twin import CostTwin
 
-    return BatchedTwin(model, slots) if isinstance(model, CostTwin) else BatchedCalls(model, slots)
+    def executor(adapter):
+        if compile_mode == "none":
+            return BatchedCalls(adapter, slots)
+        from packedss.models.batched_static import StaticBatch
+
+        return StaticBatch(adapter, slots, compile_mode, capacity)
+
+    if isinstance(model, CostTwin):
+        return BatchedTwin(model, executor(model.model), executor(model.cost))
+    return executor(model)

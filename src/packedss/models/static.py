@@ -74,6 +74,16 @@ def static_capacity(longest_prompt: int, max_new_tokens: int, largest_call_rows:
     return longest_prompt + max_new_tokens + largest_call_rows
 
 
+def check_full_attention(config) -> None:
+    """The static path's caches hold every row of every layer: it needs full-attention layers."""
+    kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if kinds != {"full_attention"}:
+        raise PackedSSError(
+            f"the static call path needs full-attention layers; this backbone has {sorted(kinds)} "
+            "(run it with model.compile=none)"
+        )
+
+
 class _Inputs:
     """The inputs of the calls of one row count R, written in place: token ids and position ids
     (1, R), and the additive mask (1, 1, R, capacity). Persistent tensors keep every call of the
@@ -122,12 +132,7 @@ class StaticCalls:
         if capacity < 1:
             raise PackedSSError(f"invalid static cache capacity {capacity}; it must hold at least one row")
         config = backbone.config.get_text_config(decoder=True)
-        kinds = set(getattr(config, "layer_types", None) or ["full_attention"])
-        if kinds != {"full_attention"}:
-            raise PackedSSError(
-                f"the static call path needs full-attention layers; this backbone has {sorted(kinds)} "
-                "(run it with model.compile=none)"
-            )
+        check_full_attention(config)
         parameter = next(backbone.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype
         if mode == "reduce-overhead" and self.device.type != "cuda":
