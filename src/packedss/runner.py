@@ -161,8 +161,10 @@ def run_job(cfg) -> JobResult:
         print(f"cost twin: model time is that of {cost.label} ({cost.params / 1e9:.2f}B parameters, random "
               "weights)", file=sys.stderr)  # fmt: skip
     executor = None  # concurrency > 1: the batched calls' executor, on the eager or the static path
+    # Slots beyond the job's responses would never be used (the memory check above is for C).
+    slots = min(spec.concurrency, len(questions) * cfg.samples * cfg.repeats)
     if spec.concurrency > 1:
-        executor = batched_executor(model, spec.concurrency, spec.compile, capacity if spec.compile != "none" else 0)
+        executor = batched_executor(model, slots, spec.compile, capacity if spec.compile != "none" else 0)
     elif spec.compile != "none":
         if cost is not None:
             model.enable_static(spec.compile, capacity)
@@ -185,7 +187,7 @@ def run_job(cfg) -> JobResult:
         requests = [Request(response, partial(decode_question, question_id=response[0].question_id,
                                               sample=response[1], ids=response[3]))
                     for response in responses]  # fmt: skip
-        for request, out in decode_batched(executor, requests, spec.concurrency):
+        for request, out in decode_batched(executor, requests, slots):
             yield request.key, out
 
     def warm_up(pending) -> dict[str, float]:
@@ -193,7 +195,7 @@ def run_job(cfg) -> JobResult:
         at concurrency C (the batched shapes); compiled shapes are fixed from then on, and none
         compiles while timed. Returns the compile seconds per shape."""
         firsts = list({question.question_id: (question, 0, 0) for question, _, _ in pending}.values())
-        for _ in decoded(firsts[: spec.concurrency]):
+        for _ in decoded(firsts[:slots]):
             pass
         if executor is not None:
             return executor.end_warmup()

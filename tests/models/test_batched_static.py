@@ -5,10 +5,12 @@ eager rounds, with prefills joining rounds in progress."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from packedss.decoding import LTRSettings, Sampling, decode_ltr
 from packedss.decoding.anyorder import AnyOrderSettings, decode_anyorder
 from packedss.decoding.batching import Request, decode_batched
+from packedss.decoding.calls import causal_segment, pack
 from packedss.models.batched_static import StaticBatch
 from packedss.models.nemotron import load_nemotron
 from packedss.models.setdlm import load_setdlm
@@ -79,3 +81,20 @@ def test_any_order_rounds_of_varying_row_counts_give_the_outputs_of_one_at_a_tim
     assert len(batch.compile_s) == 1
     # Rounds of the compiled row count ran compiled, larger ones eagerly on the same caches.
     assert timed["compiled"] > 0 and timed["eager"] > 0, (batch.compile_s, timed)
+
+
+def test_padding_rows_see_only_themselves_and_empty_slots_are_all_padding():
+    model = load_nemotron(PROJECT_ROOT / "assets" / "models" / "tiny", dtype="float32")
+    batch = StaticBatch(model, 3, "default", 64)
+    batch.committed[0] = 7
+    call = pack([causal_segment(torch.tensor([4, 5, 6]), 7)])
+    tokens, positions, mask = batch._fill([(0, call)], 5, 16)
+    visible = mask[:, 0] == 0
+    assert visible[0, :3, :7].all() and torch.equal(visible[0, :3, 7:10], torch.ones(3, 3).tril().bool())
+    for row in (3, 4):  # the call's padding: its own column only, after the call's rows
+        assert visible[0, row].nonzero().flatten().tolist() == [7 + row]
+    for slot in (1, 2):  # empty slots: R rows of padding on an empty cache
+        assert [visible[slot, row].nonzero().flatten().tolist() for row in range(5)] == [[r] for r in range(5)]
+        assert (tokens[slot] == model.mask_token_id).all()
+    assert tokens[0].tolist() == [4, 5, 6, model.mask_token_id, model.mask_token_id]
+    assert positions[0].tolist() == [7, 8, 9, 9, 9]
