@@ -80,9 +80,10 @@ def test_verify_rows_identical_draft_rows_differ(checkpoint, adapter_dir):
     assert torch.equal(plain[verify], adapted[verify])  # bit-identical, not just close
     draft = call.roles == int(Role.DRAFT)
     assert not torch.allclose(plain[draft], adapted[draft])
-    assert model.call_stats == {"lora_rows_selected": int(draft.sum()), "lora_rows_evaluated": call.rows}
+    assert model.call_stats == {"lora_rows_selected": int(draft.sum()), "lora_rows_evaluated": call.rows,
+                                "attention": "sdpa-mask"}
     _run(model, pack([causal_segment(torch.tensor([4, 9, 13]), 0)]))  # no draft row: nothing computed
-    assert model.call_stats == {"lora_rows_selected": 0, "lora_rows_evaluated": 0}
+    assert model.call_stats == {"lora_rows_selected": 0, "lora_rows_evaluated": 0, "attention": "sdpa-mask"}
     detach_proposal_lora(model)
     assert model.proposal_lora is None
     assert torch.equal(_run(model, call), plain)

@@ -10,7 +10,8 @@ The function runs one of these kernels (the names records carry, docs/records.md
 - `sdpa-mask`: SDPA with an additive (1, 1, R, C + R) mask, a view of a buffer whose rows are a
   multiple of 16 wide (`aligned_full`), so that SDPA's fused kernels take it without a padded copy.
 
-SDPA always runs with `enable_gqa`: K and V are never repeated for the query heads. Which kernel
+SDPA runs with `enable_gqa` whenever there are fewer KV heads than query heads: K and V are
+never repeated. Which kernel
 a call gets is the adapter's choice (BackboneAdapter.attention_inputs); the rule for it is in
 docs/models.md §2. Whatever the caller, a 4D tensor passed as `attention_mask` (the static path's
 buffers, several requests batched in one forward) runs as `sdpa-mask`, and a BlockMask as `flex`.
