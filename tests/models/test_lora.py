@@ -96,9 +96,10 @@ def test_row_counts_match_paper_table5_shapes(checkpoint, adapter_dir):
     attach_proposal_lora(model, adapter_dir)
     width, block = 4, 5
     _run(model, _packed(width))
-    assert model.call_stats == {"lora_rows_selected": block, "lora_rows_evaluated": 2 * block}
+    assert model.call_stats == {"lora_rows_selected": block, "lora_rows_evaluated": 2 * block, "attention": "sdpa-mask"}
     _run(model, quadratic_call(torch.tensor(7), torch.tensor([8, 9, 10, 11]), 6, MASK_ID))
-    assert model.call_stats == {"lora_rows_selected": block * block, "lora_rows_evaluated": block * (block + 1)}
+    assert model.call_stats == {"lora_rows_selected": block * block, "lora_rows_evaluated": block * (block + 1),
+                                "attention": "sdpa-mask"}
 
 
 def test_ar_logits_unchanged_by_lora(checkpoint, adapter_dir):
