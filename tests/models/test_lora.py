@@ -80,9 +80,10 @@ def test_verify_rows_identical_draft_rows_differ(checkpoint, adapter_dir):
     assert torch.equal(plain[verify], adapted[verify])  # bit-identical, not just close
     draft = call.roles == int(Role.DRAFT)
     assert not torch.allclose(plain[draft], adapted[draft])
-    assert model.call_stats == {"lora_rows_selected": int(draft.sum()), "lora_rows_evaluated": call.rows}
+    assert model.call_stats == {"lora_rows_selected": int(draft.sum()), "lora_rows_evaluated": call.rows,
+                                "attention": "sdpa-mask"}
     _run(model, pack([causal_segment(torch.tensor([4, 9, 13]), 0)]))  # no draft row: nothing computed
-    assert model.call_stats == {"lora_rows_selected": 0, "lora_rows_evaluated": 0}
+    assert model.call_stats == {"lora_rows_selected": 0, "lora_rows_evaluated": 0, "attention": "sdpa-mask"}
     detach_proposal_lora(model)
     assert model.proposal_lora is None
     assert torch.equal(_run(model, call), plain)
@@ -95,9 +96,10 @@ def test_row_counts_match_paper_table5_shapes(checkpoint, adapter_dir):
     attach_proposal_lora(model, adapter_dir)
     width, block = 4, 5
     _run(model, _packed(width))
-    assert model.call_stats == {"lora_rows_selected": block, "lora_rows_evaluated": 2 * block}
+    assert model.call_stats == {"lora_rows_selected": block, "lora_rows_evaluated": 2 * block, "attention": "sdpa-mask"}
     _run(model, quadratic_call(torch.tensor(7), torch.tensor([8, 9, 10, 11]), 6, MASK_ID))
-    assert model.call_stats == {"lora_rows_selected": block * block, "lora_rows_evaluated": block * (block + 1)}
+    assert model.call_stats == {"lora_rows_selected": block * block, "lora_rows_evaluated": block * (block + 1),
+                                "attention": "sdpa-mask"}
 
 
 def test_ar_logits_unchanged_by_lora(checkpoint, adapter_dir):

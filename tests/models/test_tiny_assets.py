@@ -118,7 +118,7 @@ def test_proposal_lora_touches_draft_rows_only(model, prompts):
         model.commit(0)
         adapted = run(call)
         # packed at W = 8: B draft rows of 2B
-        assert model.call_stats == {"lora_rows_selected": 9, "lora_rows_evaluated": 18}
+        assert model.call_stats == {"lora_rows_selected": 9, "lora_rows_evaluated": 18, "attention": "sdpa-mask"}
     finally:
         detach_proposal_lora(model)
     assert torch.equal(ar_plain, ar_adapted)

@@ -27,6 +27,16 @@ class Role(enum.IntEnum):
     PAD = 2
 
 
+class Rule(enum.Enum):
+    """What a call's `attend` is, stated by the builder that made it, so that an adapter can run
+    the call without a dense mask where the rule allows it (models.md §2). CUSTOM is always
+    correct: the rule is then read from `attend` itself."""
+
+    CAUSAL = "causal"  # row i sees rows 0..i of its call (the lower triangle)
+    FULL = "full"  # every row sees every row of its call
+    CUSTOM = "custom"  # any other pattern
+
+
 @dataclass(frozen=True)
 class Call:
     tokens: torch.Tensor  # (R,) long: token id, or the model's mask id
@@ -41,6 +51,7 @@ class Call:
     # Rows before this one are context (their KV is written, their output never read, e.g. a
     # prompt's rows before its last): a model returns logits for rows read_from.. only.
     read_from: int = field(default=0, compare=False)
+    rule: Rule = field(default=Rule.CUSTOM, compare=False)  # what `attend` is (Rule)
 
     @property
     def rows(self) -> int:
@@ -97,16 +108,18 @@ class Segment:
     attend: torch.Tensor
     pads: int | None = None  # PAD rows and DRAFT rows, counted on the host (None: not counted)
     drafts: int | None = None
+    rule: Rule = Rule.CUSTOM
 
     @property
     def rows(self) -> int:
         return int(self.tokens.shape[0])
 
 
-def _segment(tokens: torch.Tensor, positions: torch.Tensor, role: Role, attend: torch.Tensor) -> Segment:
+def _segment(tokens: torch.Tensor, positions: torch.Tensor, role: Role, attend: torch.Tensor, rule: Rule) -> Segment:
     rows = tokens.shape[0]
     roles = torch.full((rows,), int(role), dtype=torch.uint8, device=tokens.device)
-    return Segment(tokens, positions, roles, attend, rows if role == Role.PAD else 0, rows if role == Role.DRAFT else 0)
+    return Segment(tokens, positions, roles, attend, rows if role == Role.PAD else 0, rows if role == Role.DRAFT else 0,
+                   rule)  # fmt: skip
 
 
 def causal_segment(tokens: torch.Tensor, first_position: int) -> Segment:
@@ -114,7 +127,7 @@ def causal_segment(tokens: torch.Tensor, first_position: int) -> Segment:
     rows = tokens.shape[0]
     positions = torch.arange(first_position, first_position + rows, device=tokens.device)
     attend = torch.ones(rows, rows, dtype=torch.bool, device=tokens.device).tril_()
-    return _segment(tokens, positions, Role.VERIFY, attend)
+    return _segment(tokens, positions, Role.VERIFY, attend, Rule.CAUSAL)
 
 
 def block_segment(tokens: torch.Tensor, first_position: int) -> Segment:
@@ -122,7 +135,7 @@ def block_segment(tokens: torch.Tensor, first_position: int) -> Segment:
     rows = tokens.shape[0]
     positions = torch.arange(first_position, first_position + rows, device=tokens.device)
     attend = torch.ones(rows, rows, dtype=torch.bool, device=tokens.device)
-    return _segment(tokens, positions, Role.DRAFT, attend)
+    return _segment(tokens, positions, Role.DRAFT, attend, Rule.FULL)
 
 
 def pad_segment(rows: int, mask_token_id: int, position: int, device: torch.device) -> Segment:
@@ -130,7 +143,7 @@ def pad_segment(rows: int, mask_token_id: int, position: int, device: torch.devi
     tokens = torch.full((rows,), mask_token_id, dtype=torch.long, device=device)
     positions = torch.full((rows,), position, dtype=torch.long, device=device)
     attend = torch.eye(rows, dtype=torch.bool, device=device)
-    return _segment(tokens, positions, Role.PAD, attend)
+    return _segment(tokens, positions, Role.PAD, attend, Rule.CUSTOM)
 
 
 def draft_block(last_token: torch.Tensor, last_position: int, width: int, mask_token_id: int) -> Segment:
@@ -142,7 +155,8 @@ def draft_block(last_token: torch.Tensor, last_position: int, width: int, mask_t
 def pack(segments: list[Segment], sees: dict[tuple[int, int], torch.Tensor] | None = None, read_from: int = 0) -> Call:
     """Concatenate segments into one call. Segments do not see each other unless `sees`
     maps (i, j) to a bool matrix (rows of segment i x rows of segment j) of extra visibility.
-    Logits come back for rows `read_from`.. only (Call.read_from)."""
+    Logits come back for rows `read_from`.. only (Call.read_from). The call's rule is its one
+    segment's (with no `sees`), else CUSTOM."""
     device = segments[0].tokens.device
     sizes = [s.rows for s in segments]
     starts = [sum(sizes[:k]) for k in range(len(sizes))]
@@ -160,24 +174,26 @@ def pack(segments: list[Segment], sees: dict[tuple[int, int], torch.Tensor] | No
         useful=None if None in (s.pads for s in segments) else total - sum(s.pads for s in segments),
         drafts=None if None in (s.drafts for s in segments) else sum(s.drafts for s in segments),
         read_from=read_from,
+        rule=segments[0].rule if len(segments) == 1 and not sees else Rule.CUSTOM,
     )
 
 
 @dataclass(frozen=True)
 class Layout:
-    """The fixed part of every call of one shape: the roles, the attention rule and the count of
-    useful rows. Built once per shape (and device) with `pack`, then shared by every call of that
+    """The fixed part of every call of one shape: the roles, the attention rule (`attend` and what
+    it is, `rule`) and the count of useful rows. Built once per shape (and device) with `pack`, then shared by every call of that
     shape, which only fills in its tokens and positions. The tensors are shared: never write to them."""
 
     roles: torch.Tensor
     attend: torch.Tensor
     useful: int
     drafts: int
+    rule: Rule = Rule.CUSTOM
 
     def call(self, tokens: torch.Tensor, positions: torch.Tensor) -> Call:
-        return Call(tokens, positions, self.roles, self.attend, useful=self.useful, drafts=self.drafts)
+        return Call(tokens, positions, self.roles, self.attend, useful=self.useful, drafts=self.drafts, rule=self.rule)
 
 
 def layout_of(call: Call) -> Layout:
     """The layout of a call built once (its tokens and positions are dropped)."""
-    return Layout(call.roles, call.attend, call.rows_useful, call.draft_rows)
+    return Layout(call.roles, call.attend, call.rows_useful, call.draft_rows, call.rule)

@@ -1,8 +1,9 @@
 """Execute a call (packedss.decoding.calls.Call) on a transformers backbone plus a linear head.
 
-One forward pass per call: a custom additive 4D mask over [KV cache + rows] (transformers
-passes a 4D mask through unchanged), per-row position ids, and a DynamicCache that holds
-the call's KV tentatively until the schedule commits a prefix of its rows (a crop). With the
+One forward pass per call: attention fitted to the call's rule (packedss.models.attention: no mask
+where the rule allows it, else a FlexAttention block mask or an additive 4D mask over [KV cache +
+rows], which transformers passes through unchanged), per-row position ids, and a DynamicCache that
+holds the call's KV tentatively until the schedule commits a prefix of its rows (a crop). With the
 static path on (packedss.models.static.enable_static), the same calls run on a StaticCache
 through compiled fixed-shape graphs instead.
 """
@@ -16,7 +17,8 @@ import torch
 from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
-from packedss.decoding.calls import Call, Role
+from packedss.decoding.calls import Call, Role, Rule
+from packedss.models.attention import ATTENTION, aligned_full, block_mask, default_kernel
 
 
 class BackboneAdapter:
@@ -53,7 +55,10 @@ class BackboneAdapter:
         self.proposal_lora = None  # set by packedss.models.lora.attach_proposal_lora
         self._pending_rows: int | None = None
         # Per-call statistics of the last call, read by the decoder's call meter (empty: none).
-        self.call_stats: dict[str, int] = {}
+        self.call_stats: dict[str, int | str] = {}
+        # The kernel family of every eager call ("flex" or "sdpa"; docs/models.md §2), when the
+        # backbone runs packedss.models.attention.
+        self.attention = default_kernel(self.device)
         # id(attend) -> its additive (R, R) form; an entry lives exactly as long as its attend
         # tensor (the decoder's per-shape layouts live for the process, a prefill's for one call).
         self._biases: dict[int, torch.Tensor] = {}
@@ -94,11 +99,28 @@ class BackboneAdapter:
 
     def additive_mask(self, call: Call) -> torch.Tensor:
         """(1, 1, R, C + R): 0 where a row may attend, the dtype's minimum elsewhere. Every row
-        sees the whole cache, so only the last R columns depend on the call."""
+        sees the whole cache, so only the last R columns depend on the call. Its rows are aligned
+        (packedss.models.attention.aligned_full)."""
         cached = self.cached_rows
-        mask = torch.zeros(call.rows, cached + call.rows, dtype=self.dtype, device=self.device)
-        mask[:, cached:] = self._attend_bias(call.attend)
-        return mask[None, None]
+        mask = aligned_full(call.rows, cached + call.rows, 0.0, self.dtype, self.device)
+        mask[0, 0, :, cached:] = self._attend_bias(call.attend)
+        return mask
+
+    def attention_inputs(self, call: Call) -> tuple[torch.Tensor | None, Rule | None, str]:
+        """(attention_mask, attention_rule, kernel name) of an eager call (docs/models.md §2): the
+        kernel family's block mask; else SDPA with no mask where the rule allows it (FULL, one
+        row, CAUSAL on an empty cache or, on CUDA, over one), and the additive mask otherwise. A
+        backbone that runs another attention implementation gets the additive mask."""
+        implementation = self.backbone.config._attn_implementation
+        if implementation != ATTENTION:
+            return self.additive_mask(call), None, f"transformers-{implementation}"
+        if self.attention == "flex":
+            return block_mask(call.rule, call.attend.to(self.device), self.cached_rows, self.device), None, "flex"
+        if call.rule is Rule.FULL or (call.rule is Rule.CAUSAL and call.rows == 1):
+            return None, Rule.FULL, "sdpa"
+        if call.rule is Rule.CAUSAL and (self.cached_rows == 0 or self.device.type == "cuda"):
+            return None, Rule.CAUSAL, "sdpa-causal"
+        return self.additive_mask(call), None, "sdpa-mask"
 
     def before_call(self, call: Call) -> None:
         """What the family's model does to its cache before a call (SetDLM: drop the oldest rows);
@@ -118,23 +140,28 @@ class BackboneAdapter:
         self.before_call(call)
         lora_rows = None
         selected = 0
+        stats = {}
         if self.proposal_lora is not None:
             lora_rows = call.roles == int(Role.DRAFT)
             selected, evaluated = self.proposal_lora.select(lora_rows, call.draft_rows)
-            self.call_stats = {"lora_rows_selected": selected, "lora_rows_evaluated": evaluated}
+            stats = {"lora_rows_selected": selected, "lora_rows_evaluated": evaluated}
         try:
             if self.static is not None:
                 logits = self.static.run(call, self._attend_bias(call.attend), lora=selected > 0)
-                self.call_stats = self.call_stats | self.static.call_stats
+                stats |= self.static.call_stats | {"attention": self.static.kernel}
             else:
+                mask, rule, kernel = self.attention_inputs(call)
                 out = self.backbone(
                     input_ids=call.tokens[None],
                     position_ids=call.positions[None],
-                    attention_mask=self.additive_mask(call),
+                    attention_mask=mask,
+                    attention_rule=rule,
                     cache=self.cache,
                     use_cache=True,
                 )
                 logits = self.head(out.last_hidden_state[0, call.read_from :])
+                stats["attention"] = kernel
+            self.call_stats = stats
         finally:
             if lora_rows is not None:
                 self.proposal_lora.select(None)

@@ -28,6 +28,7 @@ from torch import nn
 from packedss.decoding.calls import Call
 from packedss.errors import PackedSSError
 from packedss.models.adapter import BackboneAdapter
+from packedss.models.attention import ATTENTION
 from packedss.models.checkpoint import DTYPES, default_dtype, read_config, resolve_dtype
 from packedss.models.nemotron import backbone_config
 
@@ -69,7 +70,7 @@ def shape_config(shape: str | None, config: str | None = None, layers: int | Non
     return out
 
 
-def random_adapter(config: dict, device: torch.device, dtype: torch.dtype, attn: str = "sdpa",
+def random_adapter(config: dict, device: torch.device, dtype: torch.dtype, attn: str = ATTENTION,
                    vocab_at_least: int = 0, mask_token_id: int | None = None,
                    eos_token_ids: tuple[int, ...] = (), seed: int = 0, name: str = "random") -> BackboneAdapter:  # fmt: skip
     """A BackboneAdapter over a randomly initialised Ministral3 backbone + head of this shape."""
@@ -206,7 +207,9 @@ class CostTwin:
 
     @property
     def call_stats(self) -> dict:
-        return self.model.call_stats
+        """The decoding model's statistics, with the attention kernel of the timed (cost) model."""
+        timed = getattr(self.cost, "call_stats", {})
+        return self.model.call_stats | ({"attention": timed["attention"]} if "attention" in timed else {})
 
     @property
     def static(self):
@@ -224,7 +227,7 @@ class CostTwin:
             layout = self._layouts[key] = (call.roles.to(device), call.attend.to(device))
             weakref.finalize(call.attend, self._layouts.pop, key, None)
         return Call(tokens=call.tokens.to(device), positions=call.positions.to(device), roles=layout[0],
-                    attend=layout[1], useful=call.useful)  # fmt: skip
+                    attend=layout[1], useful=call.useful, rule=call.rule)  # fmt: skip
 
     def run(self, call: Call) -> torch.Tensor:
         logits = self.model.run(call)

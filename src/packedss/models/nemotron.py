@@ -13,6 +13,7 @@ from transformers import Ministral3Config, Ministral3Model
 
 from packedss.errors import PackedSSError
 from packedss.models.adapter import BackboneAdapter
+from packedss.models.attention import ATTENTION
 from packedss.models.checkpoint import (
     default_dtype,
     load_module_state,
@@ -37,7 +38,7 @@ def backbone_config(config: dict) -> Ministral3Config:
     text = config.get("text_config", config)
     fields = {k: v for k, v in text.items() if k in _CONFIG_FIELDS}
     backbone = Ministral3Config(**fields)
-    backbone._attn_implementation = "sdpa"
+    backbone._attn_implementation = ATTENTION
     return backbone
 
 

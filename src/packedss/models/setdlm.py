@@ -32,6 +32,7 @@ from transformers import Qwen3Config, Qwen3Model
 from packedss.decoding.calls import Call
 from packedss.errors import PackedSSError
 from packedss.models.adapter import BackboneAdapter
+from packedss.models.attention import ATTENTION
 from packedss.models.checkpoint import (
     default_dtype,
     load_module_state,
@@ -173,7 +174,7 @@ def qwen3_config(config: dict, directory: Path, what: str, vocab_size: int | Non
     if rope_theta is not None and "rope_parameters" not in kwargs:
         kwargs["rope_parameters"] = {"rope_type": "default", "rope_theta": float(rope_theta)}
     qwen = Qwen3Config(**kwargs)
-    qwen._attn_implementation = "sdpa"
+    qwen._attn_implementation = ATTENTION
     return qwen
 
 

@@ -14,7 +14,7 @@ Quadratic-SS B(B+1)), so each can run one compiled graph:
 - the committed length lives in a device tensor that the graph copies into every cache layer
   before it writes the call's rows (so a commit is one host-side update, not one per layer);
 - the attention mask is a fixed-width additive buffer per row count and window, (1, 1, R, w),
-  updated in place: columns below the committed length are 0, the call's own columns hold its
+  its rows aligned (packedss.models.attention.aligned_full), run by masked SDPA, updated in place: columns below the committed length are 0, the call's own columns hold its
   (R, R) rule, every other column (cache slots past the committed length) holds the dtype's
   minimum; the call's token and position ids are copied into buffers of the shape as well;
 - the backbone + head forward is compiled with `torch.compile` (static shapes) for a row count
@@ -49,6 +49,7 @@ from transformers import PreTrainedModel, StaticCache
 
 from packedss.decoding.calls import Call
 from packedss.errors import PackedSSError
+from packedss.models.attention import ATTENTION, aligned_full
 from packedss.models.graphs import WARM_RUNS, graph_events, timed_call_stats
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ class _Inputs:
         self.minimum = torch.finfo(dtype).min
         self.tokens = torch.zeros((1, rows), dtype=torch.long, device=device)
         self.positions = torch.zeros((1, rows), dtype=torch.long, device=device)
-        self.mask = torch.full((1, 1, rows, capacity), self.minimum, dtype=dtype, device=device)
+        self.mask = aligned_full(rows, capacity, self.minimum, dtype, device)
         self.grid = self.mask[0, 0]
         self.zeros = 0
         self.dirty = 0
@@ -141,6 +142,9 @@ class StaticCalls:
             mode = "default"
         self.mode = mode
         self.backbone, self.head = backbone, head
+        # Every call carries its window's mask: the cache slots past the committed rows are masked.
+        implementation = backbone.config._attn_implementation
+        self.kernel = "sdpa-mask" if implementation == ATTENTION else f"transformers-{implementation}"
         self.capacity = capacity
         self.max_graphs = max_graphs
         self.cache = StaticCache(config=config, max_cache_len=capacity)
@@ -236,7 +240,7 @@ class StaticCalls:
         needed = self.committed + rows
         if self.committed == 0:
             self.calls["prefill"] += 1
-            mask = torch.full((1, 1, rows, self.capacity), torch.finfo(self.dtype).min, dtype=self.dtype, device=self.device)
+            mask = aligned_full(rows, self.capacity, torch.finfo(self.dtype).min, self.dtype, self.device)
             mask[0, 0, :, :rows] = bias
             return self._forward(call.tokens[None], call.positions[None], mask, call.read_from)
         if key in self._graphs:
