@@ -40,6 +40,12 @@ def default_kernel(device: torch.device) -> str:
     return "flex" if torch.device(device).type == "cuda" else "sdpa"
 
 
+def mask_kernel(backbone) -> str:
+    """The kernel name of a call that passes a 4D additive mask to `backbone`."""
+    implementation = backbone.config._attn_implementation
+    return "sdpa-mask" if implementation == ATTENTION else f"transformers-{implementation}"
+
+
 def aligned_full(rows: int, columns: int, value: float, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A (1, 1, rows, columns) tensor filled with `value`: a view of a buffer whose rows are
     padded to a multiple of MASK_ALIGNMENT elements."""

@@ -23,6 +23,7 @@ import torch
 
 from packedss.decoding.calls import Call, Role
 from packedss.models.adapter import BackboneAdapter
+from packedss.models.attention import aligned_full, mask_kernel
 
 
 class _PackedCaches:
@@ -58,6 +59,7 @@ class BatchedCalls:
         self.mask_token_id = adapter.mask_token_id
         self.slots = [adapter.twin() for _ in range(slots)]
         self.charged_s: float | None = None  # the executor's own time is the model time
+        self.kernel = mask_kernel(adapter.backbone)  # every batched call passes its dense mask
 
     def mask(self, items: Sequence[tuple[int, Call]]) -> torch.Tensor:
         """(1, 1, R, K): the block-diagonal additive mask of a packed call, R the rows of every
@@ -65,8 +67,8 @@ class BatchedCalls:
         adapter = self.adapter
         cached = [self.slots[slot].cached_rows for slot, _ in items]
         rows = [call.rows for _, call in items]
-        mask = torch.full((sum(rows), sum(cached) + sum(rows)), torch.finfo(adapter.dtype).min,
-                          dtype=adapter.dtype, device=self.device)  # fmt: skip
+        mask = aligned_full(sum(rows), sum(cached) + sum(rows), torch.finfo(adapter.dtype).min, adapter.dtype,
+                            self.device)[0, 0]  # fmt: skip
         row, column = 0, 0
         for (slot, call), cache_rows in zip(items, cached):
             mask[row : row + call.rows, column : column + cache_rows] = 0
@@ -104,8 +106,9 @@ class BatchedCalls:
         for slot, call in items:
             own = self.slots[slot]
             # As BackboneAdapter.run counts them: the LoRA is evaluated for every row of a call with drafts.
-            own.call_stats = {} if lora is None else {
-                "lora_rows_selected": call.draft_rows, "lora_rows_evaluated": call.rows if call.draft_rows else 0}  # fmt: skip
+            own.call_stats = {"attention": self.kernel} if lora is None else {
+                "lora_rows_selected": call.draft_rows, "lora_rows_evaluated": call.rows if call.draft_rows else 0,
+                "attention": self.kernel}  # fmt: skip
             logits.append(own.after_call(call, adapter.head(hidden[start + call.read_from : start + call.rows])))
             start += call.rows
         return logits

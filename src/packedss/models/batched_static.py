@@ -30,6 +30,7 @@ import torch
 
 from packedss.decoding.calls import Call, Role
 from packedss.errors import PackedSSError
+from packedss.models.attention import mask_kernel
 from packedss.models.graphs import WARM_RUNS, graph_events, timed_call_stats
 from packedss.models.static import COMPILE_MODES, MAX_GRAPHS, SIGHTINGS_TO_COMPILE, attention_windows, check_full_attention
 
@@ -90,6 +91,7 @@ class StaticBatch:
                         "model.compile=default", self.device.type)  # fmt: skip
             mode = "default"
         self.mode, self.capacity, self.max_graphs = mode, capacity, max_graphs
+        self.kernel = mask_kernel(adapter.backbone)  # every call passes its (C, 1, R, window) mask
         self.slots = []
         for slot in range(slots):
             twin = adapter.twin()
@@ -146,7 +148,7 @@ class StaticBatch:
         results = []
         for slot, call in items:
             own = self.slots[slot]
-            stats = {"call_batch_rows": evaluated}
+            stats = {"call_batch_rows": evaluated, "attention": self.kernel}
             if lora is not None:
                 stats |= {"lora_rows_selected": call.draft_rows, "lora_rows_evaluated": call.rows if call.draft_rows else 0}
             if self.committed[slot] and decodes:

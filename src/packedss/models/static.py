@@ -49,7 +49,7 @@ from transformers import PreTrainedModel, StaticCache
 
 from packedss.decoding.calls import Call
 from packedss.errors import PackedSSError
-from packedss.models.attention import ATTENTION, aligned_full
+from packedss.models.attention import aligned_full, mask_kernel
 from packedss.models.graphs import WARM_RUNS, graph_events, timed_call_stats
 
 log = logging.getLogger(__name__)
@@ -143,8 +143,7 @@ class StaticCalls:
         self.mode = mode
         self.backbone, self.head = backbone, head
         # Every call carries its window's mask: the cache slots past the committed rows are masked.
-        implementation = backbone.config._attn_implementation
-        self.kernel = "sdpa-mask" if implementation == ATTENTION else f"transformers-{implementation}"
+        self.kernel = mask_kernel(backbone)
         self.capacity = capacity
         self.max_graphs = max_graphs
         self.cache = StaticCache(config=config, max_cache_len=capacity)
