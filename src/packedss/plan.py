@@ -13,10 +13,27 @@ one response decoded (questions x samples x repeats).
 The estimate of a job is the paper's time per NFE times its NFE per response (Tables 6-9), times
 the job's responses, for the jobs that run one of the paper's measured settings (model, task,
 schedule, W, temperature, order, the 1,024-token cap); `n/a` for the others.
+
+The paper measures one request at a time (C = 1). A job at concurrency C > 1 is estimated by
+scaling that time, and its estimate is marked `*` (scaled). The assumption: while C requests
+decode together every model call carries C requests' rows, so the job makes 1/C as many calls,
+each of C x r rows instead of r (r: the schedule's rows per call at W, from its rows-per-iteration
+formula: Linear-SS B, Packed-SS 2B, Quadratic-SS B(B+1), AR 1, SetDLM p+3u / 2 and so on). A
+call's time follows the public SGLang call-time curve of Nemotron-Labs-Diffusion 8B on a B200
+(CUDA graphs, B = 32; CALL_TIME_MS), linear in log2(rows) between its points, flat below its
+first point (a memory-bound call streams the weights whatever its rows) and proportional to the
+rows past its last (compute-bound). So each response's time is
+
+    paper time per NFE x NFE per response x call_time(C x r) / call_time(r) / C
+
+as if the whole per-NFE time (host work included) scaled like the call, and every one of the C
+slots stayed full (continuous batching refills a slot when its response ends; the job's tail,
+when fewer than C responses are left, is not modelled).
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +54,11 @@ TASK_SIZES = {
     ("writingbench", "test", ""): 1000,
 }
 PAPER_MAX_NEW_TOKENS = 1024  # the paper's output cap (Figure 5's caption)
+# Call time (ms) by rows per call: SGLang, Nemotron-Labs-Diffusion 8B, B200, CUDA graphs, B = 32,
+# each call holding C requests' 32-row blocks (issue 24; the requests' histories vary, so the
+# trend counts, not the digits).
+CALL_TIME_MS = {32: 5.58, 64: 6.58, 128: 9.47, 256: 10.74, 512: 14.65, 1024: 20.90, 2048: 35.37, 4096: 66.22}
+SCALED = "*"
 
 
 @dataclass(frozen=True)
@@ -60,6 +82,8 @@ class PlannedJob:
     out_dir: str
     overrides: tuple[str, ...]
     estimate_s: Optional[float]  # estimated GPU seconds; None where the paper has no figure
+    concurrency: int = 1  # C: responses decoded together
+    scaled: bool = False  # the estimate is the paper's C = 1 time scaled to C (concurrency_factor)
 
     @property
     def question_runs(self) -> int:
@@ -134,6 +158,34 @@ def paper_seconds_per_response(cfg, order: Optional[str], verify: str, max_new_t
     return None if cost is None else cost[0] / 1000.0 * cost[1]
 
 
+def call_time_ms(rows: float) -> float:
+    """A call's time on CALL_TIME_MS: linear in log2(rows) between its points, its first point's
+    time below it, proportional to the rows past its last point."""
+    import numpy as np
+
+    last = max(CALL_TIME_MS)
+    if rows >= last:
+        return CALL_TIME_MS[last] * rows / last
+    points = sorted(CALL_TIME_MS)
+    return float(np.interp(math.log2(rows), [math.log2(r) for r in points], [CALL_TIME_MS[r] for r in points]))
+
+
+def rows_per_call(family: str, schedule: str, width: int) -> float:
+    """The schedule's mean rows per call after prefill at W: its rows-per-iteration formula over its
+    calls per iteration, or its largest call where it has no formula (native decoding)."""
+    from packedss.families import family_named
+
+    decoder = family_named(family).schedule(schedule)
+    rows = decoder.rows_per_iteration(width)
+    return rows / decoder.calls_per_iteration if rows is not None else float(decoder.largest_call_rows(width))
+
+
+def concurrency_factor(rows: float, concurrency: int) -> float:
+    """A response's time at concurrency C over its time at C = 1 (the module's assumption):
+    call_time(C x rows) / call_time(rows) / C."""
+    return call_time_ms(concurrency * rows) / call_time_ms(rows) / concurrency
+
+
 def describe(cfg, overrides: Sequence[str]) -> PlannedJob:
     """What one job runs, from its composed config and its identity (packedss.job)."""
     from packedss.job import configured_spec
@@ -167,10 +219,14 @@ def describe(cfg, overrides: Sequence[str]) -> PlannedJob:
         out_dir=str(cfg.out_dir),
         overrides=tuple(overrides),
         estimate_s=None,
+        concurrency=spec.concurrency,
     )
     if per_response is None:
         return job
-    return PlannedJob(**{**vars(job), "estimate_s": per_response * job.question_runs})
+    scaled = spec.concurrency > 1
+    if scaled:
+        per_response *= concurrency_factor(rows_per_call(spec.family, spec.schedule, spec.width), spec.concurrency)
+    return PlannedJob(**{**vars(job), "estimate_s": per_response * job.question_runs, "scaled": scaled})
 
 
 def plan(sweeps: Sequence[Sequence[str]], config_dir: Path = CONF_DIR) -> list[PlannedJob]:
@@ -213,11 +269,17 @@ COLUMNS = ("#", "model", "checkpoint", "task", "n", "schedule", "W", "B", "T", "
            "max_new_tokens", "chat", "est. GPU time")  # fmt: skip
 
 
-def _row(number: int, job: PlannedJob) -> tuple[str, ...]:
+def _estimate(job: PlannedJob) -> str:
+    if job.estimate_s is None:
+        return "n/a"
+    return _hours(job.estimate_s) + (SCALED if job.scaled else "")
+
+
+def _row(number: int, job: PlannedJob, concurrent: bool) -> tuple[str, ...]:
     task = f"{job.task} ({job.variant})" if job.variant else job.task
     if job.lora:
         task += " +lora"
-    return (
+    cells = (
         str(number),
         job.model,
         job.checkpoint,
@@ -232,26 +294,41 @@ def _row(number: int, job: PlannedJob) -> tuple[str, ...]:
         str(job.samples) if job.repeats == 1 else f"{job.samples} x{job.repeats} repeats",
         str(job.max_new_tokens),
         "yes" if job.chat else "no",
-        "n/a" if job.estimate_s is None else _hours(job.estimate_s),
+        _estimate(job),
     )
+    return _with_concurrency(cells, str(job.concurrency)) if concurrent else cells
+
+
+def _with_concurrency(cells: tuple[str, ...], value: str) -> tuple[str, ...]:
+    """The row with a C column after `samples` (shown when a job decodes several responses together)."""
+    at = COLUMNS.index("samples") + 1
+    return cells[:at] + (value,) + cells[at:]
 
 
 def format_plan(jobs: Sequence[PlannedJob]) -> str:
-    rows = [COLUMNS, *(_row(number, job) for number, job in enumerate(jobs, start=1))]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    concurrent = any(job.concurrency > 1 for job in jobs)
+    header = _with_concurrency(COLUMNS, "C") if concurrent else COLUMNS
+    rows = [header, *(_row(number, job, concurrent) for number, job in enumerate(jobs, start=1))]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     lines.append("")
     lines.append("Estimated GPU time (an estimate: the paper's time per NFE x NFE per response, Tables 6-9, x responses):")
     for model in dict.fromkeys(job.model for job in jobs):
         own = [job for job in jobs if job.model == model]
         known = [job.estimate_s for job in own if job.estimate_s is not None]
+        scaled = sum(job.scaled for job in own)
+        marker = f" ({scaled} of them scaled to C > 1{SCALED})" if scaled else ""
         if not known:
             lines.append(f"  {model}: n/a (the paper has no figure for its {len(own)} jobs)")
         elif len(known) < len(own):
             lines.append(f"  {model}: {_hours(sum(known))} for {len(known)} of its {len(own)} jobs "
-                         f"(n/a for {len(own) - len(known)}: the paper has no figure)")
+                         f"(n/a for {len(own) - len(known)}: the paper has no figure){marker}")
         else:
-            lines.append(f"  {model}: {_hours(sum(known))} for its {len(own)} jobs")
+            lines.append(f"  {model}: {_hours(sum(known))} for its {len(own)} jobs{marker}")
+    if any(job.scaled for job in jobs):
+        lines.append(f"{SCALED} scaled: the paper measures C = 1 only; at C > 1 its time per response x "
+                     "call_time(C x rows per call) / call_time(rows per call) / C, on SGLang's call times of "
+                     "Nemotron-Labs-Diffusion 8B on a B200 (python -m packedss.plan --help)")
     lines.append(f"{len(jobs)} jobs, {sum(job.question_runs for job in jobs):,} question-runs")
     return "\n".join(lines)
 

@@ -239,3 +239,47 @@ def synthetic_results(root: Path, n: int = 12, seed: int = 0) -> Path:
                     )  # fmt: skip
     write_records(root / "records", records)
     return root
+
+
+COST_MODEL = "nemotron8b:4L:bfloat16:cpu"  # a cost twin's label: <shape>:<L>L:<dtype>:<device>
+# Seconds per call of each schedule's share of a batched call, by C: Packed-SS's 2B-row calls grow
+# dearer with C faster than Linear-SS's B-row calls (the issue's compute-bound turn).
+CALL_SHARE = {
+    "ar": {1: 0.004, 2: 0.0024, 4: 0.0015, 8: 0.0011},
+    "linear": {1: 0.006, 2: 0.0036, 4: 0.0021, 8: 0.0015},
+    "packed": {1: 0.007, 2: 0.0050, 4: 0.0043, 8: 0.0040},
+}
+
+
+def concurrent_record(concurrency: int, latency_s: float, **kwargs) -> dict:
+    """A record of a job at concurrency C: its calls carried C requests (of its own rows each),
+    its latency from the first call's start to the last call's end, on the cost twin's clock."""
+    record = make_record(concurrency=concurrency, cost_model=COST_MODEL, **kwargs)
+    record["call_requests"] = [concurrency] * record["nfe_total"]
+    record["call_batch_rows"] = [concurrency * rows for rows in record["rows_evaluated"]]
+    record["call_model_s"] = [record["model_s"] / record["nfe_total"]] * record["nfe_total"]
+    record["latency_s"] = latency_s
+    assert validate_record(record) == [], validate_record(record)
+    return record
+
+
+def concurrency_results(root: Path, n: int = 12, concurrencies=(1, 2, 4, 8), shares=None, seed: int = 0) -> Path:
+    """A results folder of tiny arith runs of AR, Linear-SS and Packed-SS (W = 8) at every C of
+    `concurrencies` on a cost twin, the calls' shares from `shares` (CALL_SHARE by default),
+    with per-question noise and latencies that grow with C."""
+    rng = np.random.default_rng(seed)
+    shares = CALL_SHARE if shares is None else shares
+    records = []
+    for schedule, by_c in shares.items():
+        for c in concurrencies:
+            for q in range(n):
+                iterations = 5 + q % 7
+                records.append(
+                    concurrent_record(
+                        c, latency_s=0.05 * c * (1 + q) * float(rng.lognormal(0, 0.05)), schedule=schedule, question=q,
+                        tokens_per_iteration=1 if schedule == "ar" else 3, iterations=iterations * (3 if schedule == "ar" else 1),
+                        call_s=by_c[c] * float(rng.lognormal(0, 0.03)), nonmodel_s=0.0005 * iterations,
+                    )
+                )  # fmt: skip
+    write_records(root / "records", records)
+    return root

@@ -1,7 +1,8 @@
-"""Analysis stage: records -> the paper's tables (2-13) and figures (3-5), and the acceptance
-analytics (tables acceptance and latency, Figures A1 and A2, acceptance profiles).
+"""Analysis stage: records -> the paper's tables (2-13) and figures (3-5), the acceptance
+analytics (tables acceptance and latency, Figures A1 and A2, acceptance profiles) and the
+concurrency tables and Figure C1.
 
-    python -m packedss.analysis RESULTS_DIR [--compare-paper] [--tables 6,10,acceptance] [--figures 3,4,5,A1,A2]
+    python -m packedss.analysis RESULTS_DIR [--compare-paper] [--tables 6,10,acceptance,concurrency] [--figures 3,4,5,A1,A2,C1]
 
 The definitions and outputs: docs/analysis.md.
 """
@@ -86,23 +87,41 @@ def analyse(
     out_dir: str | Path | None = None,
     extra_records=(),
 ) -> Results:
-    """Write the requested tables (default: all, `acceptance` included) and figures (default: all)
-    under `<out_dir or results_dir>/tables` and `/figures`; whenever tables are written, the per-run
+    """Write the requested tables (default: all, `acceptance` included, and `concurrency` when
+    the records hold a run at two or more C with a Linear-SS run of its setting) and figures
+    (default: all, C1 when a run was measured at two or more C) under `<out_dir or
+    results_dir>/tables` and `/figures`; a table or figure asked for by name whose records are
+    missing raises PackedSSError before anything is written; whenever tables are written, the per-run
     summary (`runs`, every run of every family) is written too, and with the acceptance table or
     Figure A1 or A2 each run's `acceptance/<model>/<task>/<record file>/acceptance_profile.json`.
     `extra_records`: further record files or folders to read besides `<results_dir>/records`
     (e.g. a figure drawn from several tables' runs)."""
+    from packedss.analysis import concurrency
     from packedss.analysis.acceptance import acceptance_profiles, write_profiles
     from packedss.analysis.acceptance_tables import acceptance_table, latency_table
     from packedss.analysis.figures import ACCEPTANCE_FIGURES, FIGURES, make_figure, write_figure
     from packedss.analysis.measured_tables import runs_table
     from packedss.analysis.render import write_table
-    from packedss.analysis.tables import ACCEPTANCE, TABLES
+    from packedss.analysis.tables import ACCEPTANCE, CONCURRENCY, TABLES
 
     results = load_results(results_dir, n_resamples, extra_records)
+    records, responses = results.loaded.frame, results.per_response
     out = Path(out_dir) if out_dir is not None else Path(results_dir)
-    numbers = [*TABLES, ACCEPTANCE] if tables is None else list(tables)
-    figure_keys = list(FIGURES) if figures is None else list(figures)
+    # Asked for by name, the concurrency table and figure need their records (an error otherwise);
+    # by default they are written only when the records allow them.
+    if tables is None:
+        numbers = [*TABLES, ACCEPTANCE] + ([CONCURRENCY] if concurrency.problem(records, responses, "tables") is None else [])
+    else:
+        numbers = list(tables)
+    if figures is None:
+        allowed = concurrency.problem(records, responses, "figure") is None
+        figure_keys = [key for key in FIGURES if key != concurrency.FIGURE or allowed]
+    else:
+        figure_keys = list(figures)
+    if CONCURRENCY in numbers:
+        concurrency.check(records, responses, "tables")
+    if concurrency.FIGURE in figure_keys:
+        concurrency.check(records, responses, "figure")
     if numbers:
         results.written += write_table(runs_table(results.per_question, results.comparisons), out / "tables")
     profiles = None
@@ -114,8 +133,12 @@ def analyse(
             results.written += write_table(acceptance_table(profiles), out / "tables")
             results.written += write_table(latency_table(results.loaded.frame), out / "tables")
             continue
+        if number == CONCURRENCY:
+            for table in concurrency.concurrency_tables(records, responses, n_resamples):
+                results.written += write_table(table, out / "tables")
+            continue
         table = TABLES[number].function(results.per_question, results.comparisons, compare_paper)
         results.written += write_table(table, out / "tables")
     for number in figure_keys:
-        results.written += write_figure(make_figure(number, results.comparisons, profiles), out / "figures")
+        results.written += write_figure(make_figure(number, results.comparisons, profiles, records), out / "figures")
     return results

@@ -1,4 +1,4 @@
-"""python -m packedss.analysis RESULTS_DIR [--compare-paper] [--tables 6,10,acceptance] [--figures 3,4,5,A1,A2]
+"""python -m packedss.analysis RESULTS_DIR [--compare-paper] [--tables 6,10,acceptance,concurrency] [--figures 3,4,5,A1,A2,C1]
 
 Reads every JSONL record under RESULTS_DIR/records (or RESULTS_DIR), reports bad lines with file
 and line number, and writes tables under RESULTS_DIR/tables and figures under
@@ -16,17 +16,21 @@ from pathlib import Path
 from packedss.analysis import N_RESAMPLES, analyse, audit, record_sources
 from packedss.analysis.figures import FIGURES
 from packedss.analysis.load import find_record_files
-from packedss.analysis.tables import ACCEPTANCE, TABLES
+from packedss.analysis.tables import ACCEPTANCE, CONCURRENCY, TABLES
 from packedss.errors import ArgumentParser, PackedSSError, run_reporting
 from packedss.records import BadLine, iter_lines, validate_record
 
 
-def _numbers(text: str, valid, what: str) -> list:
-    """Comma-separated table or figure keys: numbers, or names such as acceptance and A1."""
+EVERYTHING = "all"
+
+
+def _numbers(text: str, valid, what: str) -> list | str:
+    """Comma-separated table or figure keys: numbers, or names such as acceptance and A1;
+    EVERYTHING for `all` (every one the records allow, as without the option)."""
     if text.strip().lower() in ("", "none"):
         return []
     if text.strip().lower() == "all":
-        return list(valid)
+        return EVERYTHING
     by_name = {str(v).lower(): v for v in valid}
     parts = [part.strip().lower() for part in text.split(",") if part.strip()]
     bad = [part for part in parts if part not in by_name]
@@ -54,8 +58,10 @@ def check_records(sources: list[Path]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m packedss.analysis", description=__doc__.split("\n\n")[1])
     parser.add_argument("results_dir", help="results folder (records under RESULTS_DIR/records or RESULTS_DIR)")
-    parser.add_argument("--tables", type=lambda t: _numbers(t, [*TABLES, ACCEPTANCE], "table"), default=None, help="e.g. 6,10 or acceptance (default: all, 2-13 and acceptance)")
-    parser.add_argument("--figures", type=lambda t: _numbers(t, FIGURES, "figure"), default=None, help="e.g. 3,5 or A1,A2 (default: all, 3-5, A1, A2)")
+    parser.add_argument("--tables", type=lambda t: _numbers(t, [*TABLES, ACCEPTANCE, CONCURRENCY], "table"), default=None,
+                        help="e.g. 6,10, acceptance or concurrency (default: all, 2-13, acceptance, and concurrency when runs were measured at several C)")
+    parser.add_argument("--figures", type=lambda t: _numbers(t, FIGURES, "figure"), default=None,
+                        help="e.g. 3,5, A1,A2 or C1 (default: all, 3-5, A1, A2, and C1 when runs were measured at several C)")
     parser.add_argument("--compare-paper", action="store_true", help="show the paper's published numbers beside the measured ones")
     parser.add_argument("--n-resamples", type=int, default=N_RESAMPLES, help=f"bootstrap resamples (default {N_RESAMPLES})")
     parser.add_argument("--out", default=None, help="write tables/ and figures/ here instead of RESULTS_DIR")
@@ -80,6 +86,7 @@ def run(args: argparse.Namespace) -> int:
     check_records(sources)
     source = ", ".join(map(str, sources))
     start = time.perf_counter()
+    tables, figures = (None if keys == EVERYTHING else keys for keys in (tables, figures))
     results = analyse(args.results_dir, tables, figures, args.compare_paper, args.n_resamples, args.out, args.records)
     loaded = results.loaded
     for bad in loaded.bad_lines:

@@ -37,7 +37,7 @@ def run_sort_key(identity: dict) -> tuple:
     return (
         family_rank(identity["family"]), identity["model"], task_rank(identity["task"]), identity["temperature"],
         identity["verify"], identity["lora"], order_rank(identity["order"]), schedule_rank(identity["schedule"]),
-        identity["width"], identity["pad_verify"], identity["seed"],
+        identity["width"], identity["pad_verify"], identity["seed"], identity.get("concurrency", 1),
     )  # fmt: skip
 
 

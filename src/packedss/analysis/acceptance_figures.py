@@ -41,6 +41,8 @@ def run_label(identity: dict, seeds: int) -> str:
         label += f" ({ORDER_LABELS.get(identity['order'], identity['order'])})"
     if identity["pad_verify"] == "false":
         label += " unpadded"
+    if identity.get("concurrency", 1) > 1:
+        label += f" C={identity['concurrency']}"
     return label + (f" s{identity['seed']}" if seeds > 1 else "")
 
 

@@ -35,6 +35,7 @@ def run_labels(identity: dict) -> dict:
         "LoRA": "yes" if identity["lora"] else "no",
         "Padded": {"true": "yes", "false": "no"}.get(identity["pad_verify"], ""),
         "Seed": int(identity["seed"]),
+        "C": str(int(identity.get("concurrency", 1))),
     }
 
 

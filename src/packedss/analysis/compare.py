@@ -6,7 +6,7 @@ the window W and the order group. A lossy schedule (native decoding) has no orde
 one run of it per setting, and it is compared within the family's first order group (LTR, as
 the paper's Tables 8-9 list it), never in two groups, so each of its comparisons has exactly
 questions x samples pairs. Runs of different configs (the `config` column of `load`: dtype,
-compile mode, output cap, ...) are never paired. A schedule that reads no W (the LTR AR target,
+compile mode, output cap, ...) or of different concurrencies (C) are never paired. A schedule that reads no W (the LTR AR target,
 recorded at W = 0) is compared with the other schedule at each of its widths. In a family without orders (Nemotron) the schedules of a setting may
 use different widths (the paper compares Packed-SS at B = 32 with Quadratic-SS at B = 8): when
 each of the two schedules has exactly one width they are compared as they are; when either has
@@ -34,7 +34,7 @@ from packedss.analysis.metrics import (
     task_label,
 )
 
-SETTING = ("model", "task", "temperature", "verify", "lora", "config")
+SETTING = ("model", "task", "temperature", "verify", "lora", "config", "concurrency")
 ORDERED_SETTING = SETTING + ("width", "order_group")
 
 
@@ -55,15 +55,19 @@ class Pairing:
     base: str
     method_width: int
     base_width: int
+    concurrency: int = 1  # C: both runs decoded C responses together
 
     @property
     def setting_label(self) -> str:
-        """The paper's "Setting": "3B MBPP" (Nemotron) or "W=8 LTR" (SetDLM)."""
+        """The paper's "Setting": "3B MBPP" (Nemotron) or "W=8 LTR" (SetDLM); " C=4" at a
+        concurrency above 1."""
+        concurrency = f" C={self.concurrency}" if self.concurrency > 1 else ""
         if family_orders(self.family):
-            return f"W={self.width} {ORDER_LABELS.get(self.order, self.order)}"
+            return f"W={self.width} {ORDER_LABELS.get(self.order, self.order)}{concurrency}"
         label = f"{MODEL_SHORT.get(self.model, self.model)} {task_label(self.task)}"
         if self.width is not None:
             label += f" W={self.width}"
+        label += concurrency
         if self.temperature > 0 and self.verify and self.verify != "rejection":
             label += f" ({self.verify})"
         if self.config:
@@ -96,6 +100,7 @@ class Comparisons:
             & (rows["schedule"] == schedule)
             & (rows["width"] == width)
             & (rows["order_group"] == pairing.order)
+            & (rows["concurrency"] == pairing.concurrency)
         )
         run = rows[mask]
         if run["pad_verify"].nunique() > 1:  # both Packed-SS paddings ran: compare the paper's (padded)
@@ -143,6 +148,7 @@ class Comparisons:
                             base=base,
                             method_width=wm,
                             base_width=wb,
+                            concurrency=int(setting["concurrency"]),
                         )
                     )
         return out

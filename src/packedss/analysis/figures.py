@@ -12,6 +12,7 @@
   else every task) within each model; a dashed line marks Linear-SS's total.
 - Figures A1 and A2 (acceptance by draft depth, tokens emitted per iteration): drawn from the
   runs' acceptance profiles by `acceptance_figures`.
+- Figure C1 (system tokens/s and p95 latency against the concurrency C): `concurrency_figures`.
 One colour per schedule (`metrics.SCHEDULE_COLOURS`) in every figure.
 """
 
@@ -31,6 +32,8 @@ from matplotlib.patches import Patch  # noqa: E402
 from packedss.analysis.acceptance import acceptance_profiles  # noqa: E402
 from packedss.analysis.acceptance_figures import figure_a1, figure_a2  # noqa: E402
 from packedss.analysis.compare import Comparisons, Pairing  # noqa: E402
+from packedss.analysis.concurrency import FIGURE as CONCURRENCY_FIGURE  # noqa: E402
+from packedss.analysis.concurrency_figures import figure_c1  # noqa: E402
 from packedss.analysis.metrics import (  # noqa: E402
     MODEL_SHORT,
     block_of,
@@ -172,6 +175,7 @@ def timing_data(pq: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
     rows = []
     for model, mf in frame.groupby("model", sort=True):
         several = bool((mf.groupby("schedule")["width"].nunique() > 1).any())
+        concurrencies = mf["concurrency"].nunique() > 1
         tasks = [t for t in FIGURE5_TASKS if t in set(mf["task"])] or sort_tasks(mf["task"].unique())
         per_task = []
         for task in tasks:
@@ -180,27 +184,31 @@ def timing_data(pq: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
             if linear.empty:
                 notes.append(f"{model_label(model)} {task_label(task)}: no Linear-SS runs, left out.")
                 continue
-            linear_widths = sorted(linear["width"].unique())
-            runs = {(s, w): g for (s, w), g in tf.groupby(["schedule", "width"])}
+            runs = {(s, w, c): g for (s, w, c), g in tf.groupby(["schedule", "width", "concurrency"])}
             common = set.intersection(*(set(g["question_id"]) for g in runs.values()))
             if not common:
                 notes.append(f"{model_label(model)} {task_label(task)}: no question answered by every schedule; all questions used.")
-            for (schedule, width), g in runs.items():
+            for (schedule, width, concurrency), g in runs.items():
+                own = linear[linear["concurrency"] == concurrency]  # the reference decoded at the same C
+                linear_widths = sorted(own["width"].unique())
                 ref_width = width if width in linear_widths else (linear_widths[0] if len(linear_widths) == 1 else None)
                 if ref_width is None:
-                    notes.append(f"{model_label(model)} {task_label(task)} {schedule_label(schedule)} W={width}: no Linear-SS reference width.")
+                    at = f" C={concurrency}" if concurrencies else ""
+                    notes.append(f"{model_label(model)} {task_label(task)} {schedule_label(schedule)} W={width}{at}: no Linear-SS reference width.")
                     continue
-                ref = linear[linear["width"] == ref_width]
+                ref = own[own["width"] == ref_width]
                 if common:
                     g, ref = g[g["question_id"].isin(common)], ref[ref["question_id"].isin(common)]
                 total = float(ref["wall_s"].mean())
                 label = schedule_label(schedule) + (f"\nB={block_of(NEMOTRON, width)}" if several else "")
+                label += f"\nC={concurrency}" if concurrencies else ""
                 per_task.append(
                     {
                         "model": model,
                         "task": task,
                         "schedule": schedule,
                         "width": int(width),
+                        "concurrency": int(concurrency),
                         "label": label,
                         "model_frac": float(g["model_s"].mean()) / total,
                         "nonmodel_frac": float(g["nonmodel_s"].mean()) / total,
@@ -210,7 +218,7 @@ def timing_data(pq: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         if not per_task:
             continue
         tf = pd.DataFrame(per_task)
-        averaged = tf.groupby(["model", "schedule", "width", "label"], as_index=False).agg(
+        averaged = tf.groupby(["model", "schedule", "width", "concurrency", "label"], as_index=False).agg(
             model_frac=("model_frac", "mean"),
             nonmodel_frac=("nonmodel_frac", "mean"),
             tasks=("task", lambda t: ", ".join(task_label(x) for x in sort_tasks(t.unique()))),
@@ -218,10 +226,10 @@ def timing_data(pq: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         )
         rows.append(averaged)
     if not rows:
-        return pd.DataFrame(columns=["model", "schedule", "width", "label", "model_frac", "nonmodel_frac", "tasks", "questions"]), notes
+        return pd.DataFrame(columns=["model", "schedule", "width", "concurrency", "label", "model_frac", "nonmodel_frac", "tasks", "questions"]), notes
     out = pd.concat(rows, ignore_index=True)
     out["_order"] = out["schedule"].map(lambda s: schedule_rank(s)[0])
-    out = out.sort_values(["model", "_order", "width"], kind="stable").drop(columns="_order").reset_index(drop=True)
+    out = out.sort_values(["model", "_order", "width", "concurrency"], kind="stable").drop(columns="_order").reset_index(drop=True)
     out["total_frac"] = out["model_frac"] + out["nonmodel_frac"]
     return out, notes
 
@@ -265,9 +273,12 @@ def timing_figure(pq: pd.DataFrame) -> Figure:
 ACCEPTANCE_FIGURES = {"A1": figure_a1, "A2": figure_a2}
 
 
-def make_figure(number: int | str, comparisons: Comparisons, profiles: list[dict] | None = None) -> Figure:
-    """Figure 3, 4, 5, A1 or A2; A1 and A2 are drawn from `profiles` (computed from the
-    comparisons' responses when not given)."""
+def make_figure(number: int | str, comparisons: Comparisons, profiles: list[dict] | None = None, records: pd.DataFrame | None = None) -> Figure:
+    """Figure 3, 4, 5, A1, A2 or C1; A1 and A2 are drawn from `profiles` (computed from the
+    comparisons' responses when not given), C1 from every timed record (`records`; the
+    comparisons' per-response rows, repeats averaged, when not given)."""
+    if number == CONCURRENCY_FIGURE:
+        return Figure(number, *figure_c1(comparisons.responses if records is None else records, comparisons.responses))
     if number in ACCEPTANCE_FIGURES:
         if profiles is None:
             profiles = acceptance_profiles(comparisons.responses, comparisons.n_resamples)
@@ -292,4 +303,4 @@ def write_figure(figure: Figure, directory: Path) -> list[Path]:
     return paths
 
 
-FIGURES = (3, 4, 5, "A1", "A2")
+FIGURES = (3, 4, 5, "A1", "A2", CONCURRENCY_FIGURE)

@@ -114,6 +114,7 @@ def normalise(frame: pd.DataFrame) -> pd.DataFrame:
     frame["width"] = frame["width"].astype(int)
     frame["temperature"] = frame["temperature"].astype(float)
     frame["seed"] = frame["seed"].astype(int)
+    frame["concurrency"] = frame["concurrency"].astype(int)
     frame["sample"] = frame["sample"].astype(int)
     frame["repeat"] = frame["repeat"].astype(int)
     frame["question_id"] = frame["question_id"].astype(str)

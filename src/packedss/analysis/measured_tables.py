@@ -79,7 +79,7 @@ def runs_table(pq: pd.DataFrame, comparisons: Comparisons) -> Table:
         key=lambda item: (
             family_rank(item[0]["family"]), item[0]["model"], task_rank(item[0]["task"]), item[0]["temperature"],
             item[0]["verify"], item[0]["lora"], order_rank(item[0]["order"]), schedule_rank(item[0]["schedule"]),
-            item[0]["width"], item[0]["pad_verify"], item[0]["seed"],
+            item[0]["width"], item[0]["pad_verify"], item[0]["seed"], item[0]["concurrency"],
         )
     )  # fmt: skip
     audited = audit.counts_by_run(audit.audit(pq))
@@ -101,6 +101,7 @@ def runs_table(pq: pd.DataFrame, comparisons: Comparisons) -> Table:
                 "LoRA": "yes" if run["lora"] else "no",
                 "Padded": {"true": "yes", "false": "no"}.get(run["pad_verify"], ""),
                 "Seed": int(run["seed"]),
+                "C": str(int(run["concurrency"])),
                 "Config": run["config"],
                 "Questions": len(g),
                 "Samples": int(g["samples"].max()),
@@ -164,6 +165,7 @@ def table2(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = Fal
             "W": width,
             "B": block_of(family, width),
             **({"Padded": labels(values)["Padded"]} if padded else {}),
+            **({"C": labels(values)["C"]} if "concurrency" in values else {}),
             **({"Config": values["config"]} if values.get("config") else {}),
             "NFE/iteration": calls / iterations if iterations else math.nan,
             "NFE/iteration (paper formula)": formula_nfe,

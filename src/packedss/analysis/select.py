@@ -66,11 +66,14 @@ def _sort_key(column: str, value):
 
 def groups(frame: pd.DataFrame, by: list[str]):
     """(values dict, rows) for each group, in the paper's order (tasks, schedules, widths); runs
-    of different configs (load's `config`: dtype, output cap, ...) are always separate groups."""
+    of different configs (load's `config`: dtype, output cap, ...) and, where any run decoded
+    several responses together, of different concurrencies are always separate groups."""
     if frame.empty:
         return []
     if "config" not in by and varies(frame, by, "config"):
         by = [*by, "config"]
+    if "concurrency" not in by and (frame["concurrency"] != 1).any():
+        by = [*by, "concurrency"]
     out = [(dict(zip(by, values if isinstance(values, tuple) else (values,), strict=True)), g) for values, g in frame.groupby(by, sort=False)]
     out.sort(key=lambda item: tuple(_sort_key(c, item[0][c]) for c in by))
     return out
@@ -100,17 +103,20 @@ def labels(values: dict, family: str | None = None) -> dict:
         out["Padded"] = {"true": "yes", "false": "no"}.get(values["pad_verify"], "")
     if "order_group" in values:
         out["Order"] = ORDER_SECTIONS.get(values["order_group"], values["order_group"])
+    if "concurrency" in values:
+        out["C"] = str(int(values["concurrency"]))
     if "config" in values:
         out["Config"] = values["config"]
     return out
 
 
 def key_labels(names: dict, keys: list[str]) -> dict:
-    """The row's key columns of `labels`, and its Config where the group has one."""
-    return {k: names[k] for k in keys} | ({"Config": names["Config"]} if names.get("Config") else {})
+    """The row's key columns of `labels`, and its C and Config where the group has them."""
+    extra = {k: names[k] for k in ("C", "Config") if names.get(k) and k not in keys}
+    return {k: names[k] for k in keys} | extra
 
 
-LABEL_OF = {"width": "B", "temperature": "T", "verify": "Verify", "pad_verify": "Padded", "config": "Config"}
+LABEL_OF = {"width": "B", "temperature": "T", "verify": "Verify", "pad_verify": "Padded", "config": "Config", "concurrency": "C"}
 
 
 def optional_keys(frame: pd.DataFrame, within: list[str], positive: bool) -> list[str]:

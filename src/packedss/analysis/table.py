@@ -116,6 +116,10 @@ def build(
     """Assemble a table from row dicts (key columns + value columns), optionally beside the
     paper's rows. `bold_within`: the key columns within which the highest Tokens/s is bold."""
     notes = list(notes or [])
+    if "C" not in keys and any(str(r.get("C", "1")) != "1" for r in rows):
+        at = keys.index("Config") if "Config" in keys else len(keys)
+        keys = [*keys[:at], "C", *keys[at:]]
+        notes.append("C: the concurrency, responses decoded together (every call carrying each one's rows); each C is its own row.")
     if "Config" not in keys and any(r.get("Config") for r in rows):
         keys = [*keys, "Config"]
         notes.append("Config: the identity fields in which runs of otherwise equal settings differ; each is its own row.")

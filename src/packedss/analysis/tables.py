@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from packedss.analysis import concurrency
 from packedss.analysis.measured_tables import table2, table3, table4, table5, table6, table7, table8, table9
 from packedss.analysis.paired_tables import table10, table11, table12, table13
 from packedss.analysis.table import Table
@@ -21,6 +22,8 @@ class TableSpec:
 
 # `--tables acceptance`: the tables acceptance and latency and each run's acceptance_profile.json.
 ACCEPTANCE = "acceptance"
+# `--tables concurrency`: the tables concurrency and crossover (packedss.analysis.concurrency).
+CONCURRENCY = concurrency.CONCURRENCY
 
 TABLES: dict[int, TableSpec] = {
     2: TableSpec(table2, "any family (rows_evaluated per call, iterations), every schedule and W", "table2"),
