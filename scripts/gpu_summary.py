@@ -67,6 +67,8 @@ def load(out: Path, step: str) -> dict | None:
 
 
 def fmt(value) -> str:
+    if isinstance(value, str):
+        return value
     return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3g}"
 
 

@@ -313,6 +313,7 @@ def test_cuda_graph_calls_count_the_calls_after_prefill_that_replayed_a_graph():
     # The prefill (index 0) replays nothing; of the 4 later calls one ran without a graph.
     assert graph_replays({"graph_replays": [0, 1, 2, 0, 1], "cudagraph_skips": [0, 0, 0, 1, 0]}, 5) == (4, 3, 1)
     assert graph_replays({"graph_replays": [0, 1, 1]}, 3) == (2, 2, 0)
+    assert graph_replays({"graph_replays": [2, 0, 1], "cudagraph_skips": [3, 0, 0]}, 3) == (2, 1, 0)  # prefill left out
     assert graph_replays({}, 3) == (None, None, None)  # eager, default mode, or a CPU: nothing counted
     assert graph_replays({"graph_replays": [1, 1]}, 3) == (None, None, None)  # not one entry per call
     run = pd.DataFrame({"counted_calls": [4, 2], "replay_calls": [3, 2], "graph_skips": [1, 0]})
