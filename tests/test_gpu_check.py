@@ -129,7 +129,7 @@ def test_bad_input_is_one_error_line_and_status_2(tmp_path):
                          ({"OUT": "/proc/gpu_check"}, "error: cannot write to OUT=/proc/gpu_check")):  # fmt: skip
         done = run(env)
         assert done.returncode == 2 and done.stderr.strip().startswith(message), (env, done.stderr)
-        assert len(done.stderr.strip().splitlines()) == 1
+        assert len(done.stderr.strip().splitlines()) == 1 and "; " in done.stderr  # what was wrong; how to fix it
     done = subprocess.run([sys.executable, str(PROJECT_ROOT / "scripts" / "gpu_summary.py"), "--out",
                            str(tmp_path / "absent"), "--pass", "1"], capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 2 and done.stderr.strip().startswith("error: --out ") and "is not a folder" in done.stderr
