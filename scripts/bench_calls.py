@@ -24,9 +24,7 @@ Every round robin also times the weight-streaming floor: one-row products over w
 the model's own shapes and dtype, more than the cache holds in total (the model's own weights,
 plus copies up to --stream-mib), and a raw read (a float32 sum over as many bytes). Each call is
 printed beside its floor (the bytes of weights a call streams / that bandwidth) and the fraction
-of it achieved; with --compile also beside the HBM floor (the weight bytes at the measured
-device-to-device copy bandwidth) with the bandwidth each call achieves and its CUDA-graph replays,
-and the 2B/B call ratio eager and compiled; the last line is `compiled/floor median per-call ratio: X` (over
+of it achieved; with --compile the last line is `compiled/floor median per-call ratio: X` (over
 R = 1, B and 2B). The memory-bound regime (1.5B parameters, bfloat16, one thread):
 
     python scripts/bench_calls.py --shape nemotron3b --layers 6 --dtype bfloat16 --threads 1 \
@@ -52,7 +50,6 @@ from packedss.benchmark.calls import (  # noqa: E402
     median_ratio,
     per_iteration,
     random_adapter,
-    ratios_2b_b,
     render,
     render_compiled,
     render_prefill,
@@ -77,8 +74,6 @@ def main(argv=None) -> int:
                     "(sdpa, flex_attention, eager); every one gets the same custom 4D mask")  # fmt: skip
     ap.add_argument("--blocks", type=numbers(1), default=None, help="block sizes B = W + 1 (default 8,16,32; with --compile 9,32)")
     ap.add_argument("--prefix", type=numbers(1), default=None, help="cached prefix lengths C (default 128,512; with --compile 64,512)")
-    ap.add_argument("--quadratic-blocks", type=numbers(1), default=None, help="with --compile: time quadratic's "
-                    "B(B+1)-row call at these B only (each row count compiles once; default: every --blocks)")  # fmt: skip
     ap.add_argument("--compile", default="none", choices=COMPILE_MODES,
                     help="compare eager calls with the static path compiled in this mode")  # fmt: skip
     ap.add_argument("--warmup", type=number(int, 0), default=3)
@@ -94,8 +89,6 @@ def main(argv=None) -> int:
         ap.error("--device cuda but no CUDA device is available; use --device cpu or auto")
 
     compiling = args.compile != "none"
-    if args.quadratic_blocks is not None and not compiling:
-        ap.error("--quadratic-blocks applies to --compile runs only; add --compile MODE or drop it")
     stream_bytes = stream_min_bytes() if args.stream_mib is None else args.stream_mib * 2**20
     if args.threads > 0:
         torch.set_num_threads(args.threads)
@@ -106,9 +99,6 @@ def main(argv=None) -> int:
     config = shape_config(args.shape, args.config, args.layers)
     blocks = args.blocks or ([9, 32] if compiling else [8, 16, 32])
     prefixes = args.prefix or ([64, 512] if compiling else [128, 512])
-    if args.quadratic_blocks is not None and not set(args.quadratic_blocks) <= set(blocks):
-        ap.error(f"--quadratic-blocks {','.join(map(str, args.quadratic_blocks))} not all among the block sizes "
-                 f"{','.join(map(str, blocks))}; pick them from --blocks")  # fmt: skip
     what = (args.config or args.shape) + (f" ({args.layers} layers)" if args.layers else "")
     report = {"shape": what, "device": str(device), "dtype": str(dtype).replace("torch.", ""), "compile": args.compile,
               "torch": torch.__version__, "threads": torch.get_num_threads(), "runs": {}}  # fmt: skip
@@ -130,7 +120,7 @@ def main(argv=None) -> int:
             if compiling:
                 header += f", compile={args.compile}"
                 results, compile_s = bench_compiled(adapter, args.compile, blocks, prefixes, args.warmup, args.iters,
-                                                    stream_bytes, args.quadratic_blocks)  # fmt: skip
+                                                    stream_bytes)  # fmt: skip
             else:
                 results = bench(adapter, blocks, prefixes, args.warmup, args.iters, stream_bytes)
         except Exception as err:  # an attention implementation that cannot run this mask/device
@@ -144,7 +134,7 @@ def main(argv=None) -> int:
         if compiling:
             print(render_compiled(results, compile_s, header) + "\n", flush=True)
             report["runs"][attn] = {"params": params, "calls": results, "compile_s": compile_s,
-                                    "ratios_2B_B": ratios_2b_b(results), "median_ratio": median_ratio(results),
+                                    "median_ratio": median_ratio(results),
                                     "compiled_floor_median": median_ratio(results, "compiled_floor", FLOOR_KINDS)}  # fmt: skip
         else:
             print(render(results, header) + "\n", flush=True)

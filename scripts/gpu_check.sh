@@ -28,12 +28,12 @@
 #     schedule under torch.cuda.set_sync_debug_mode: greedy <= iterations + 2 per response, T = 1
 #     <= 2 x iterations + 2) and audit-bf16 (the divergence audit of tiny in bfloat16 at W = 8,
 #     16, 31: no unexplained divergence from AR).
-#   graphs-3b (bench_calls.py --compile): the 3B shape's calls eager and under CUDA graphs.
+#   graphs-3b (scripts/gpu_calls.py): the 3B shape's calls eager and under CUDA graphs.
 # Pass 2 (at most 570 s of steps):
 #   compiled-tiny: the tiny model's schedules eager and under CUDA graphs side by side. Checks
 #     compiled-dispatch (Compiled calls 100%) and cuda-graph-calls (every timed call after prefill
 #     replayed a CUDA graph, no cudagraph skips).
-#   graphs-8b: the 8B shape's calls, R = 1, B, 2B at B = 8, 16, 32 and B(B+1) at B = 8 (cache of
+#   graphs-8b (scripts/gpu_calls.py): the 8B shape's calls, R = 1, B, 2B at B = 8, 16, 32 and B(B+1) at B = 8 (cache of
 #     1024 rows), eager and under CUDA graphs, round-robin beside the products floor (the call's
 #     matrix products alone), the weight-streaming floor, and the HBM floor (the weight bytes at
 #     the measured device-to-device copy bandwidth, printed), with the achieved bandwidth. Checks
@@ -118,12 +118,12 @@ if [ "$PASS" != 2 ]; then
     step schedules-8b 60 "$PY" scripts/bench_schedules.py $RANDOM_RUN --shape $S8B --json "$OUT/schedules-8b.json"
   fi
   step decode-bf16 60 "$PY" scripts/check_decode.py --device $DEVICE --dtype bfloat16 $DECODE --json "$OUT/decode-bf16.json"
-  step graphs-3b 180 "$PY" scripts/bench_calls.py --shape $S3B $GRAPHS --json "$OUT/graphs-3b.json"
+  step graphs-3b 180 "$PY" scripts/gpu_calls.py --shape $S3B $GRAPHS --json "$OUT/graphs-3b.json"
   verdicts 1
 fi
 if [ "$PASS" != 1 ]; then
   step compiled-tiny 270 "$PY" scripts/bench_schedules.py $TINY --dtype float32 --compile "$COMPILE" $CWIDTH --json "$OUT/compiled-tiny.json"
-  step graphs-8b 300 "$PY" scripts/bench_calls.py --shape $S8B $GRAPHS --json "$OUT/graphs-8b.json"
+  step graphs-8b 300 "$PY" scripts/gpu_calls.py --shape $S8B $GRAPHS --json "$OUT/graphs-8b.json"
   verdicts 2
 fi
 

@@ -374,34 +374,3 @@ def test_the_hbm_floor_is_the_weight_bytes_at_the_device_copy_bandwidth():
     assert fields["hbm_floor_ms"] == pytest.approx(1000 * stream.weight_bytes / (fields["copy_gbs"] * 1e9))
     assert fields["floor_ms"] == pytest.approx(1000 * stream.weight_bytes / (stream.bytes / 0.003))
     assert achieved_gbs(4e9, 2.0) == pytest.approx(2000.0)
-
-
-def test_compiled_calls_time_quadratic_only_at_the_blocks_asked_for_and_give_2b_over_b(tmp_path, capsys):
-    out = tmp_path / "graphs.json"
-    argv = ["--shape", "test", "--device", "cpu", "--blocks", "1,2", "--quadratic-blocks", "1", "--prefix", "3",
-            "--warmup", "0", "--iters", "1", "--compile", "default", "--stream-mib", "1", "--json", str(out)]  # fmt: skip
-    assert bench_calls.main(argv) == 0
-    printed = capsys.readouterr().out
-    run = json.loads(out.read_text())["runs"]["sdpa"]
-    kinds = sorted((c["block"], c["kind"]) for c in run["calls"])
-    assert (1, "quadratic") in kinds and (2, "quadratic") not in kinds
-    assert sorted(run["compile_s"]) == ["C=3: 1 rows", "C=3: 2 rows", "C=3: 4 rows"]
-    by = {(c["block"], c["kind"]): c for c in run["calls"]}
-    assert [r["block"] for r in run["ratios_2B_B"]] == [1, 2]
-    for r in run["ratios_2B_B"]:
-        packed, verify = by[(r["block"], "packed")], by[(r["block"], "linear-verify")]
-        assert r["eager"] == pytest.approx(packed["eager_ms"] / verify["eager_ms"])
-        assert r["compiled"] == pytest.approx(packed["compiled_ms"] / verify["compiled_ms"])
-    for c in run["calls"]:
-        assert c["compiled_hbm"] == pytest.approx(c["compiled_ms"] / c["hbm_floor_ms"])
-        assert c["compiled_gbs"] == pytest.approx(c["weight_bytes"] / c["compiled_ms"] * 1e-6)
-        assert c["graph_replays_min"] is None and c["cudagraph_skips"] is None  # no CUDA graphs on a CPU
-    assert "| C | B | eager 2B / B | compiled 2B / B |" in printed and "device-to-device copy" in printed
-    capsys.readouterr()
-    for bad, message in ((["--quadratic-blocks", "8"], "error: --quadratic-blocks applies to --compile runs only"),
-                         (["--compile", "default", "--blocks", "2", "--quadratic-blocks", "3"],
-                          "error: --quadratic-blocks 3 not all among the block sizes 2")):  # fmt: skip
-        with pytest.raises(SystemExit) as stopped:
-            bench_calls.main(["--shape", "test", *bad])
-        err = capsys.readouterr().err.strip()
-        assert stopped.value.code == 2 and err.startswith(message) and len(err.splitlines()) == 1

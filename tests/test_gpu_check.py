@@ -17,6 +17,7 @@ from packedss.benchmark.calls import ratios_2b_b
 from packedss.paths import PROJECT_ROOT
 
 summary = SimpleNamespace(**__import__("runpy").run_path(str(PROJECT_ROOT / "scripts" / "gpu_summary.py")))
+gpu_calls = SimpleNamespace(**__import__("runpy").run_path(str(PROJECT_ROOT / "scripts" / "gpu_calls.py")))
 SCRIPT = PROJECT_ROOT / "scripts" / "gpu_check.sh"
 
 
@@ -136,6 +137,37 @@ def test_bad_input_is_one_error_line_and_status_2(tmp_path):
     done = subprocess.run([sys.executable, str(PROJECT_ROOT / "scripts" / "gpu_summary.py"), "--out", str(tmp_path),
                            "--pass", "3"], capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 2 and done.stderr.strip().startswith("error: argument --pass: invalid choice")
+
+
+def test_compiled_calls_time_quadratic_only_at_the_blocks_asked_for_and_give_2b_over_b(tmp_path, capsys):
+    out = tmp_path / "graphs.json"
+    argv = ["--shape", "test", "--device", "cpu", "--blocks", "1,2", "--quadratic-blocks", "1", "--prefix", "3",
+            "--warmup", "0", "--iters", "1", "--compile", "default", "--stream-mib", "1", "--json", str(out)]  # fmt: skip
+    assert gpu_calls.main(argv) == 0
+    printed = capsys.readouterr().out
+    run = json.loads(out.read_text())["runs"]["sdpa"]
+    kinds = sorted((c["block"], c["kind"]) for c in run["calls"])
+    assert (1, "quadratic") in kinds and (2, "quadratic") not in kinds
+    assert sorted(run["compile_s"]) == ["C=3: 1 rows", "C=3: 2 rows", "C=3: 4 rows"]
+    by = {(c["block"], c["kind"]): c for c in run["calls"]}
+    assert [r["block"] for r in run["ratios_2B_B"]] == [1, 2]
+    for r in run["ratios_2B_B"]:
+        packed, verify = by[(r["block"], "packed")], by[(r["block"], "linear-verify")]
+        assert r["eager"] == pytest.approx(packed["eager_ms"] / verify["eager_ms"])
+        assert r["compiled"] == pytest.approx(packed["compiled_ms"] / verify["compiled_ms"])
+    for c in run["calls"]:
+        assert c["compiled_hbm"] == pytest.approx(c["compiled_ms"] / c["hbm_floor_ms"])
+        assert c["compiled_gbs"] == pytest.approx(c["weight_bytes"] / c["compiled_ms"] * 1e-6)
+        assert c["graph_replays_min"] is None and c["cudagraph_skips"] is None  # no CUDA graphs on a CPU
+    assert "| C | B | eager 2B / B | compiled 2B / B |" in printed and "device-to-device copy" in printed
+    capsys.readouterr()
+    for bad, message in ((["--shape", "tset"], "error: unknown --shape tset (did you mean test?)"),
+                         (["--blocks", "2", "--quadratic-blocks", "3"],
+                          "error: --quadratic-blocks 3 not all among the block sizes 2")):  # fmt: skip
+        with pytest.raises(SystemExit) as stopped:
+            gpu_calls.main(["--device", "cpu", "--json", str(out), "--shape", "test", *bad])
+        err = capsys.readouterr().err.strip()
+        assert stopped.value.code == 2 and err.startswith(message) and len(err.splitlines()) == 1
 
 
 @pytest.mark.slow
