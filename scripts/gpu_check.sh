@@ -28,13 +28,14 @@
 #     schedule under torch.cuda.set_sync_debug_mode: greedy <= iterations + 2 per response, T = 1
 #     <= 2 x iterations + 2) and audit-bf16 (the divergence audit of tiny in bfloat16 at W = 8,
 #     16, 31: no unexplained divergence from AR).
-#   graphs-3b (scripts/gpu_calls.py): the 3B shape's calls eager and under CUDA graphs.
+#   graphs-3b (scripts/gpu_calls.py): the 3B shape's calls eager and under CUDA graphs, as
+#     graphs-8b below. Check graph-replays-3b.
 # Pass 2 (at most 570 s of steps):
 #   compiled-tiny: the tiny model's schedules eager and under CUDA graphs side by side. Checks
 #     compiled-dispatch (Compiled calls 100%) and cuda-graph-calls (every timed call after prefill
 #     replayed a CUDA graph, no cudagraph skips).
-#   graphs-8b (scripts/gpu_calls.py): the 8B shape's calls, R = 1, B, 2B at B = 8, 16, 32 and B(B+1) at B = 8 (cache of
-#     1024 rows), eager and under CUDA graphs, round-robin beside the products floor (the call's
+#   graphs-8b (scripts/gpu_calls.py): the 8B shape's calls, R = 1, B, 2B at B = 8, 16, 32 and
+#     B(B+1) at B = 8 (cache of 1024 rows), eager and under CUDA graphs, round-robin beside the products floor (the call's
 #     matrix products alone), the weight-streaming floor, and the HBM floor (the weight bytes at
 #     the measured device-to-device copy bandwidth, printed), with the achieved bandwidth. Checks
 #     graph-replays-8b, memory-bound-8b (2B/B <= 1.3 at B = 32 under CUDA graphs: the eager ratio
@@ -43,8 +44,7 @@
 # DRY=1 runs the steps on the CPU with toy shapes, few questions and short outputs (compiled-tiny
 # packed at W = 1 only; events-bf16 and schedules-8b, which repeat another step's command on a
 # CPU, are left out): it checks the plumbing, not the numbers; the CUDA-only checks are reported
-# as SKIP with the reason. MODEL=DIR
-# points the model steps at another Nemotron-format checkpoint.
+# as SKIP with the reason. MODEL=DIR points the model steps at another Nemotron-format checkpoint.
 set -u
 cd "$(dirname "$0")/.."
 die() { echo "error: $*" >&2; exit 2; }
