@@ -146,8 +146,11 @@ def test_bench_schedules_puts_compiled_rows_next_to_eager_rows(checkpoint, tmp_p
         if regime == "eager":
             assert math.isnan(r["= eager (%)"]) and "Tok/s vs eager" not in r or isinstance(r.get("Tok/s vs eager"), float)
         else:
-            assert r["= eager (%)"] == 100.0 and r["Graph calls (%)"] == 100.0, label
+            assert r["= eager (%)"] == 100.0 and r["Compiled calls (%)"] == 100.0, label
+            # No CUDA graph can replay on a CPU: the column says so instead of a number.
+            assert r["CUDA-graph calls (%)"] == "n/a" and r["Graph skips"] == "n/a", label
             assert r["_vs_eager_low"] <= r["_vs_eager"] <= r["_vs_eager_high"]
+    assert "| Compiled calls (%) | CUDA-graph calls (%) | Graph skips |" in printed
 
 
 def test_replay_reproduces_the_decode_without_the_model(checkpoint):
@@ -194,7 +197,7 @@ def test_the_floor_streams_the_models_weight_shapes_past_the_cache_and_prints_pe
     assert stream.gbs(0.5) == pytest.approx(stream.bytes / 0.5 / 1e9)
     big = Stream(adapter, 0)
     assert big.weights == own and big.bytes == big.weight_bytes
-    assert set(floor_entries(adapter, 2**20)) == {("floor",), ("raw",)}
+    assert set(floor_entries(adapter, 2**20)) == {("floor",), ("raw",), ("copy",)}
     results = bench(adapter, [2], [3], 0, 2, 2**20)
     for r in results:
         assert r["floor_ms"] == pytest.approx(1000 * r["weight_bytes"] / (r["stream_gbs"] * 1e9))
@@ -302,3 +305,72 @@ def test_bench_calls_times_a_prefill_with_the_last_rows_logits_against_every_row
     result = json.loads(out.read_text())["runs"]["sdpa"]["prefill"]
     assert result["prefill"] == 30 and result["ratio"] == pytest.approx(result["last_row_ms"] / result["every_row_ms"])
     assert "prefill of 30 tokens" in capsys.readouterr().out
+
+
+def test_cuda_graph_calls_count_the_calls_after_prefill_that_replayed_a_graph():
+    from packedss.benchmark.schedules import graph_replay_cells, graph_replays
+
+    # The prefill (index 0) replays nothing; of the 4 later calls one ran without a graph.
+    assert graph_replays({"graph_replays": [0, 1, 2, 0, 1], "cudagraph_skips": [0, 0, 0, 1, 0]}, 5) == (4, 3, 1)
+    assert graph_replays({"graph_replays": [0, 1, 1]}, 3) == (2, 2, 0)
+    assert graph_replays({"graph_replays": [2, 0, 1], "cudagraph_skips": [3, 0, 0]}, 3) == (2, 1, 0)  # prefill left out
+    assert graph_replays({}, 3) == (None, None, None)  # eager, default mode, or a CPU: nothing counted
+    assert graph_replays({"graph_replays": [1, 1]}, 3) == (None, None, None)  # not one entry per call
+    run = pd.DataFrame({"counted_calls": [4, 2], "replay_calls": [3, 2], "graph_skips": [1, 0]})
+    assert graph_replay_cells(run) == (pytest.approx(100 * 5 / 6), 1.0)
+    run.loc[1, "replay_calls"] = None
+    assert graph_replay_cells(run) == ("n/a", "n/a")
+
+
+class _GraphAdapter:
+    """A model that reports graph replays per call, as a static twin under CUDA graphs does."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, replays):
+        self.replays, self.call_stats = list(replays), {}
+
+    def run(self, call):
+        self.call_stats = {"graph_replays": self.replays.pop(0), "cudagraph_skips": 0}
+
+    def synchronize(self):
+        pass
+
+    def commit(self, rows):
+        pass
+
+
+def test_the_call_timer_keeps_each_calls_graph_replays_and_nothing_on_the_eager_path():
+    from packedss.benchmark.calls import Timer
+
+    timer = Timer(_GraphAdapter([2, 0, 1]))
+    for _ in range(3):
+        timer.one(None)
+    assert timer.replays == [2, 0, 1] and timer.skips == [0, 0, 0]
+    eager = Timer(random_adapter(shape_config("test", None), torch.device("cpu"), torch.float32))
+    eager.adapter.reset()
+    from packedss.benchmark.calls import iteration_calls
+
+    eager.one(iteration_calls(eager.adapter, 2, 0, ("ar",))["ar"])
+    assert eager.replays == [] and eager.skips == []
+
+
+def test_the_hbm_floor_is_the_weight_bytes_at_the_device_copy_bandwidth():
+    from packedss.benchmark.calls import DeviceCopy, RawRead, achieved_gbs, floor_entries, floor_fields
+
+    adapter = random_adapter(shape_config("test", None), torch.device("cpu"), torch.float32)
+    raw = RawRead(adapter, 2**20)
+    copy = DeviceCopy(raw, max_bytes=2**19)
+    assert copy.bytes == 2**19 and copy.target.shape == copy.source.shape
+    copy.target.zero_()
+    copy.seconds([copy.one(None)])
+    assert bool((copy.target == 1).all())  # it really copies
+    assert copy.gbs(0.5) == pytest.approx(2 * 2**19 / 0.5 / 1e9)  # read + write
+    entries = floor_entries(adapter, 2**20)
+    times = {("floor",): [0.004, 0.002, 0.003], ("raw",): [0.001], ("copy",): [0.001, 0.003, 0.002]}
+    fields = floor_fields(entries, times)
+    stream, copy = entries[("floor",)][0], entries[("copy",)][0]
+    assert fields["copy_gbs"] == pytest.approx(2 * copy.bytes / 0.002 / 1e9)
+    assert fields["hbm_floor_ms"] == pytest.approx(1000 * stream.weight_bytes / (fields["copy_gbs"] * 1e9))
+    assert fields["floor_ms"] == pytest.approx(1000 * stream.weight_bytes / (stream.bytes / 0.003))
+    assert achieved_gbs(4e9, 2.0) == pytest.approx(2000.0)

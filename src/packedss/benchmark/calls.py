@@ -40,11 +40,16 @@ COMPILE_KINDS = ("ar", *KINDS)
 
 class Timer:
     """Times `adapter.run` calls: CUDA events on a GPU (read after one synchronize), else the host
-    clock around run + synchronize. Every call is cropped back after it (commit(0))."""
+    clock around run + synchronize. Every call is cropped back after it (commit(0)). Under CUDA
+    graphs (a static twin in `reduce-overhead` mode, after its warm-up) each call's CUDA-graph
+    replays and cudagraph skips (packedss.models.graphs) are kept in `replays` and `skips`; they
+    stay empty on any other path (eager, or no CUDA: nothing replays a graph there)."""
 
     def __init__(self, adapter: BackboneAdapter):
         self.adapter = adapter
         self.cuda = adapter.device.type == "cuda"
+        self.replays: list[int] = []
+        self.skips: list[int] = []
 
     def one(self, call):
         """The seconds of one call (on CUDA: its pair of events, read by `seconds`)."""
@@ -53,14 +58,22 @@ class Timer:
             start.record()
             self.adapter.run(call)
             end.record()
+            self._graph_stats()
             self.adapter.commit(0)
             return start, end
         t0 = time.perf_counter()
         self.adapter.run(call)
         self.adapter.synchronize()
         elapsed = time.perf_counter() - t0
+        self._graph_stats()
         self.adapter.commit(0)
         return elapsed
+
+    def _graph_stats(self) -> None:
+        stats = self.adapter.call_stats
+        if "graph_replays" in stats:
+            self.replays.append(int(stats["graph_replays"]))
+            self.skips.append(int(stats.get("cudagraph_skips", 0)))
 
     def seconds(self, measured: list) -> list[float]:
         if not self.cuda:
@@ -174,19 +187,47 @@ class RawRead(_TimedWork):
         return self.bytes / seconds / 1e9
 
 
+class DeviceCopy(_TimedWork):
+    """The device's copy bandwidth: one device-to-device copy of (the first GiB of) RawRead's buffer
+    into a buffer of its size. A copy reads and writes every byte, so `gbs` counts twice the buffer's bytes (the
+    convention of CUDA's bandwidthTest). The HBM floor of a call is its weight bytes at this
+    bandwidth: no kernel streams the weights faster than the device copies memory."""
+
+    def __init__(self, raw: RawRead, max_bytes: int = 2**30):
+        self.source = raw.buffer[: min(raw.bytes, max_bytes) // 4]  # 1 GiB is far past any device cache
+        self.target = torch.empty_like(self.source)
+        self.bytes = self.source.numel() * 4
+        self.timer = raw.timer
+
+    def _run(self) -> None:
+        self.target.copy_(self.source)
+
+    def gbs(self, seconds: float) -> float:
+        return 2 * self.bytes / seconds / 1e9
+
+
 def floor_entries(adapter: BackboneAdapter, min_bytes: int) -> dict:
-    """The round-robin entries of the floor and the raw read, measured beside the calls."""
+    """The round-robin entries of the floor, the raw read and the device copy, measured beside the calls."""
     stream = Stream(adapter, min_bytes)
-    return {("floor",): (stream, None), ("raw",): (RawRead(adapter, stream.bytes), None)}
+    raw = RawRead(adapter, stream.bytes)
+    return {("floor",): (stream, None), ("raw",): (raw, None), ("copy",): (DeviceCopy(raw), None)}
 
 
 def floor_fields(entries: dict, times: dict) -> dict:
-    """The floor of a call (ms) and both bandwidths (GB/s) from one round robin's times."""
-    stream, raw = entries[("floor",)][0], entries[("raw",)][0]
+    """The floors of a call (ms: the products floor of one-row products, the HBM floor of the
+    device copy) and the three bandwidths (GB/s) from one round robin's times."""
+    stream, raw, copy = (entries[(key,)][0] for key in ("floor", "raw", "copy"))
     stream_gbs = stream.gbs(statistics.median(times[("floor",)]))
+    copy_gbs = copy.gbs(statistics.median(times[("copy",)]))
     return {"floor_ms": 1000 * stream.weight_bytes / (stream_gbs * 1e9), "stream_gbs": stream_gbs,
-            "raw_gbs": raw.gbs(statistics.median(times[("raw",)])), "weight_bytes": stream.weight_bytes,
+            "raw_gbs": raw.gbs(statistics.median(times[("raw",)])), "copy_gbs": copy_gbs,
+            "hbm_floor_ms": 1000 * stream.weight_bytes / (copy_gbs * 1e9), "weight_bytes": stream.weight_bytes,
             "stream_bytes": stream.bytes}  # fmt: skip
+
+
+def achieved_gbs(weight_bytes: int, ms: float) -> float:
+    """The bandwidth a call achieves: the weight bytes it streams over its time (GB/s)."""
+    return weight_bytes / (ms / 1000) / 1e9
 
 
 def round_robin(entries: dict, warmup: int, iters: int) -> dict:
@@ -253,6 +294,7 @@ def bench(adapter: BackboneAdapter, blocks: list[int], prefixes: list[int], warm
                     "prefix": prefix, "block": block, "kind": kind, "rows": call.rows,
                     "median_ms": median, "min_ms": 1000 * min(times[kind]), "iters": iters,
                     **fields, "floor_ratio": median / fields["floor_ms"],
+                    "hbm_ratio": median / fields["hbm_floor_ms"], "achieved_gbs": achieved_gbs(fields["weight_bytes"], median),
                 })  # fmt: skip
                 _progress(f"  C={prefix:5d} B={block:3d} {kind:14s} rows={call.rows:5d} "
                           f"median {median:8.3f} ms floor {fields['floor_ms']:8.3f} ms")  # fmt: skip
@@ -260,18 +302,30 @@ def bench(adapter: BackboneAdapter, blocks: list[int], prefixes: list[int], warm
     return results
 
 
+def compiled_kinds(block: int, quadratic_blocks: list[int] | None) -> tuple[str, ...]:
+    """The call kinds timed at block size B: all of COMPILE_KINDS, quadratic's B(B+1) rows only at
+    `quadratic_blocks` (None: at every B)."""
+    keep = quadratic_blocks is None or block in quadratic_blocks
+    return tuple(kind for kind in COMPILE_KINDS if keep or kind != "quadratic")
+
+
 def bench_compiled(adapter: BackboneAdapter, mode: str, blocks: list[int], prefixes: list[int], warmup: int,
-                   iters: int, stream_bytes: int) -> tuple[list[dict], dict[str, float]]:  # fmt: skip
+                   iters: int, stream_bytes: int,
+                   quadratic_blocks: list[int] | None = None) -> tuple[list[dict], dict[str, float]]:  # fmt: skip
     """Eager calls of `adapter` against the same calls on the static path compiled with `mode`,
-    against the matrix products of their row count alone (Products) and against the
-    weight-streaming floor (Stream; and the raw read bandwidth, RawRead), timed round-robin in
+    against the matrix products of their row count alone (Products), against the
+    weight-streaming floor (Stream; and the raw read bandwidth, RawRead) and against the HBM floor
+    (the weight bytes at the device-to-device copy bandwidth, DeviceCopy), timed round-robin in
     this process. Each (C, R) gets a static twin of C + R rows, so that the compiled call attends
     the same C + R columns as the eager one; its shape is compiled first (two untimed calls), then
-    compilation is closed. Returns the per-call results and the compile seconds per shape."""
+    compilation is closed. Quadratic's B(B+1)-row call is timed at `quadratic_blocks` only (None:
+    every B): each row count is one more compilation. Under CUDA graphs every compiled call's
+    graph replays and cudagraph skips are counted (`graph_replays_min`, `cudagraph_skips`; None
+    where no graph can replay). Returns the per-call results and the compile seconds per shape."""
     results, compile_s, eager = [], {}, Timer(adapter)
     floor = floor_entries(adapter, stream_bytes)
     for prefix in prefixes:
-        calls = {block: iteration_calls(adapter, block, prefix, COMPILE_KINDS) for block in blocks}
+        calls = {block: iteration_calls(adapter, block, prefix, compiled_kinds(block, quadratic_blocks)) for block in blocks}
         timers = {}
         for call in (call for by_kind in calls.values() for call in by_kind.values()):
             if call.rows in timers:
@@ -297,11 +351,18 @@ def bench_compiled(adapter: BackboneAdapter, mode: str, blocks: list[int], prefi
                 eager_ms = 1000 * statistics.median(times[("eager", kind)])
                 compiled_ms = 1000 * statistics.median(times[("compiled", kind)])
                 products_ms = 1000 * statistics.median(times[("products", call.rows)])
+                timer = timers[call.rows]
                 results.append({"prefix": prefix, "block": block, "kind": kind, "rows": call.rows,
                                 "eager_ms": eager_ms, "compiled_ms": compiled_ms, "ratio": compiled_ms / eager_ms,
                                 "products_ms": products_ms, "products_ratio": products_ms / eager_ms,
                                 "iters": iters, **fields, "compiled_floor": compiled_ms / fields["floor_ms"],
-                                "eager_floor": eager_ms / fields["floor_ms"]})  # fmt: skip
+                                "eager_floor": eager_ms / fields["floor_ms"],
+                                "compiled_hbm": compiled_ms / fields["hbm_floor_ms"],
+                                "eager_hbm": eager_ms / fields["hbm_floor_ms"],
+                                "compiled_gbs": achieved_gbs(fields["weight_bytes"], compiled_ms),
+                                "eager_gbs": achieved_gbs(fields["weight_bytes"], eager_ms),
+                                "graph_replays_min": min(timer.replays) if timer.replays else None,
+                                "cudagraph_skips": max(timer.skips) if timer.skips else None})  # fmt: skip
                 _progress(f"  C={prefix:5d} B={block:3d} {kind:14s} rows={call.rows:5d} eager {eager_ms:8.3f} ms "
                           f"compiled {compiled_ms:8.3f} ms products {products_ms:8.3f} ms "
                           f"floor {fields['floor_ms']:8.3f} ms")  # fmt: skip
@@ -368,15 +429,32 @@ def median_ratio(results: list[dict], key: str = "ratio", kinds=None) -> float:
 
 
 def render_floor(results: list[dict]) -> list[str]:
-    """The bandwidth lines: the floor's (one-row products over the model's shapes) and the raw read."""
+    """The bandwidth lines: the floor's (one-row products over the model's shapes), the raw read
+    and the device copy (the HBM floor's)."""
     first = results[0]
     stream = statistics.median(r["stream_gbs"] for r in results)
     raw = statistics.median(r["raw_gbs"] for r in results)
+    copy = statistics.median(r["copy_gbs"] for r in results)
     return [f"weights a call streams: {first['weight_bytes'] / 2**30:.2f} GiB (every linear layer and the head); "
             f"floor = those bytes / the streaming bandwidth of one-row products over the model's weight shapes and "
             f"dtype ({first['stream_bytes'] / 2**30:.2f} GiB in total, larger than the cache): median "
             f"{stream:.2f} GB/s; raw read (float32 sum over the same bytes): median {raw:.2f} GB/s "
-            f"(floor bandwidth / raw: {stream / raw:.2f})"]  # fmt: skip
+            f"(floor bandwidth / raw: {stream / raw:.2f})",
+            f"device-to-device copy (read + write bytes): median {copy:.2f} GB/s; HBM floor = the weight bytes at "
+            f"that bandwidth: {1000 * first['weight_bytes'] / (copy * 1e9):.3f} ms"]  # fmt: skip
+
+
+def ratios_2b_b(results: list[dict]) -> list[dict]:
+    """Per (C, B) of bench_compiled's results: the 2B-row call (packed) over the B-row call
+    (linear-verify), eager and compiled. Near 1 when a call's time is its weight reads; near 2
+    when it is its arithmetic; near 1 as well when it is the host's dispatch (eager, small rows)."""
+    by = {(r["prefix"], r["block"], r["kind"]): r for r in results}
+    out = []
+    for prefix, block in sorted({(r["prefix"], r["block"]) for r in results}):
+        packed, verify = by[(prefix, block, "packed")], by[(prefix, block, "linear-verify")]
+        out.append({"prefix": prefix, "block": block, "eager": packed["eager_ms"] / verify["eager_ms"],
+                    "compiled": packed["compiled_ms"] / verify["compiled_ms"]})  # fmt: skip
+    return out
 
 
 def render(results: list[dict], header: str) -> str:
@@ -426,6 +504,21 @@ def render_compiled(results: list[dict], compile_s: dict[str, float], header: st
         lines.append(f"| {r['prefix']} | {r['block'] - 1} | {r['kind']} | {r['rows']} | {r['eager_ms']:.3f} | "
                      f"{r['compiled_ms']:.3f} | {r['products_ms']:.3f} | {r['floor_ms']:.3f} | {r['ratio']:.2f} | "
                      f"{r['products_ratio']:.2f} | {r['eager_floor']:.2f} | {r['compiled_floor']:.2f} |")  # fmt: skip
+    lines += ["", "Against the HBM floor (the weight bytes at the device-to-device copy bandwidth), with the "
+              "bandwidth each call achieves (weight bytes / its time) and its CUDA-graph replays:", ""]  # fmt: skip
+    lines.append("| C | W | call | rows | HBM floor ms | compiled / HBM | compiled GB/s | eager GB/s | graph replays "
+                 "(min per call) | cudagraph skips |")  # fmt: skip
+    lines.append("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        replays = "n/a" if r["graph_replays_min"] is None else r["graph_replays_min"]
+        skips = "n/a" if r["cudagraph_skips"] is None else r["cudagraph_skips"]
+        lines.append(f"| {r['prefix']} | {r['block'] - 1} | {r['kind']} | {r['rows']} | {r['hbm_floor_ms']:.3f} | "
+                     f"{r['compiled_hbm']:.2f} | {r['compiled_gbs']:.1f} | {r['eager_gbs']:.1f} | {replays} | "
+                     f"{skips} |")  # fmt: skip
+    lines += ["", "A call of 2B rows (packed) over a call of B rows (linear-verify):", "",
+              "| C | B | eager 2B / B | compiled 2B / B |", "|---:|---:|---:|---:|"]  # fmt: skip
+    for ratio in ratios_2b_b(results):
+        lines.append(f"| {ratio['prefix']} | {ratio['block']} | {ratio['eager']:.2f} | {ratio['compiled']:.2f} |")
     shapes = ", ".join(f"{label} {seconds:.1f} s" for label, seconds in compile_s.items())
     lines += ["", f"compile time per shape (untimed warm-up): {shapes}", *render_floor(results),
               f"compiled/eager median per-call ratio: {median_ratio(results):.2f}",

@@ -11,8 +11,12 @@ Columns: Tokens/s, Tokens/NFE, Time/NFE (ms), NFE (mean per response), Model ms/
 time per call after prefill), Model ms/iter, Non-model share of wall (%), Match (% of
 questions whose output equals the reference schedule's in the same regime: AR when it runs,
 else the first), = eager (% of questions whose compiled output equals the same schedule's eager
-output), Graph calls (% of the compiled regime's calls after prefill that ran a compiled graph,
-padded ones included),
+output), Compiled calls (% of the compiled regime's calls after prefill that the static path sent
+to a compiled graph, padded ones included: the harness's own dispatch, which says nothing of what
+the graph then ran), CUDA-graph calls (% of the compiled regime's calls after prefill that
+replayed at least one CUDA graph, counted at `torch.cuda.CUDAGraph.replay` by
+packedss.models.graphs, beside inductor's `cudagraph_skips` counter, Graph skips: only under
+`reduce-overhead` on CUDA; `n/a` in every other compiled regime, where no graph can replay),
 Accuracy, the throughput ratio to Linear-SS in the same regime and, for compiled rows, to the
 same schedule's eager run, each with its 95% paired bootstrap CI
 (packedss.analysis.bootstrap.compare: questions paired, BCa), and with `replay` the decoder's
@@ -233,7 +237,9 @@ def summarize(frame: pd.DataFrame, reference: str, base: str, n_resamples: int, 
             "Non-model (%)": 100 * (wall - model) / wall,
             "Match (%)": 100 * (hashes == ref.reindex(hashes.index)).mean(),
             "= eager (%)": math.nan,
-            "Graph calls (%)": math.nan,
+            "Compiled calls (%)": math.nan,
+            "CUDA-graph calls (%)": math.nan,
+            "Graph skips": math.nan,
             "Accuracy (%)": 100 * run["correct_f"].mean() if run["correct_f"].notna().any() else math.nan,
         }
         baseline = same[same["schedule"] == base]
@@ -247,13 +253,33 @@ def summarize(frame: pd.DataFrame, reference: str, base: str, n_resamples: int, 
             row["= eager (%)"] = 100 * (hashes == eager_hashes.reindex(hashes.index)).mean()
         against = _eager_of(regime)
         if against is not None:
-            row["Graph calls (%)"] = 100 * run["graph_calls"].sum() / max(run["graph_calls"].sum() + run["eager_calls"].sum(), 1)
+            row["Compiled calls (%)"] = 100 * run["compiled_calls"].sum() / max(run["compiled_calls"].sum() + run["eager_calls"].sum(), 1)
+            row["CUDA-graph calls (%)"], row["Graph skips"] = graph_replay_cells(run)
             eager = frame[(frame["regime"] == against) & (frame["schedule"] == schedule) & (frame["width"] == width)]
             row["Tok/s vs eager"], row["_vs_eager"], row["_vs_eager_low"], row["_vs_eager_high"] = _ratio_cell(
                 run, eager, n_resamples
             )
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def graph_replays(extra: dict, nfe: int) -> tuple[int | None, int | None, int | None]:
+    """(calls after prefill, those that replayed at least one CUDA graph, cudagraph skips) of one
+    decode's per-call statistics; (None, None, None) when its calls counted no replays (no CUDA
+    graphs: eager, another compile mode, or a CPU)."""
+    replays = extra.get("graph_replays")
+    if replays is None or len(replays) != nfe:
+        return None, None, None
+    skips = extra.get("cudagraph_skips") or [0] * nfe
+    return nfe - 1, sum(1 for r in replays[1:] if r > 0), int(sum(skips[1:]))
+
+
+def graph_replay_cells(run: pd.DataFrame) -> tuple[float | str, float | str]:
+    """CUDA-graph calls (%) and Graph skips of one compiled regime's rows; 'n/a' when no call
+    could replay a CUDA graph."""
+    if run["replay_calls"].isna().any():
+        return "n/a", "n/a"
+    return 100 * run["replay_calls"].sum() / max(run["counted_calls"].sum(), 1), float(run["graph_skips"].sum())
 
 
 def predict(frame: pd.DataFrame, regime: str, width: int) -> float:
@@ -284,12 +310,13 @@ PREDICTION_TOLERANCE = 0.03  # measured Packed/Linear within 3% of the predictio
 
 FORMATS = {"Floor ms/call": "{:.3f}", "Floor / call (%)": "{:.0f}", "Tokens/s": "{:.1f}", "Tokens/NFE": "{:.3f}", "Time/NFE (ms)": "{:.3f}", "NFE": "{:.2f}",
            "Model ms/call": "{:.3f}", "Model ms/iter": "{:.3f}", "Non-model (%)": "{:.1f}", "Decoder us/iter": "{:.1f}",
-           "Match (%)": "{:.0f}", "= eager (%)": "{:.0f}", "Graph calls (%)": "{:.0f}", "Accuracy (%)": "{:.1f}"}  # fmt: skip
+           "Match (%)": "{:.0f}", "= eager (%)": "{:.0f}", "Compiled calls (%)": "{:.0f}", "CUDA-graph calls (%)": "{:.0f}",
+           "Graph skips": "{:.0f}", "Accuracy (%)": "{:.1f}"}  # fmt: skip
 
 
 def markdown(table: pd.DataFrame) -> str:
     """The table in Markdown; columns that hold nothing (e.g. the compiled ones of an eager run) are left out."""
-    shown = [c for c in table.columns if not c.startswith("_") and table[c].notna().any()]
+    shown = [c for c in table.columns if not c.startswith("_") and table[c].notna().any()]  # "n/a" cells are shown
     align = {"Schedule": "---", "Regime": "---"}
     lines = ["| " + " | ".join(shown) + " |", "|" + "|".join(align.get(c, "---:") for c in shown) + "|"]
     for _, row in table.iterrows():
@@ -299,7 +326,7 @@ def markdown(table: pd.DataFrame) -> str:
             if v is None or (isinstance(v, float) and math.isnan(v)):
                 cells.append("-")
             else:
-                cells.append(FORMATS[c].format(v) if c in FORMATS else str(v))
+                cells.append(FORMATS[c].format(v) if c in FORMATS and not isinstance(v, str) else str(v))
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -410,6 +437,7 @@ def run(s: BenchSettings) -> Report:
                     outs[(schedule, width, regime)].append(decode(regime, schedule, width, question))
         for (schedule, width, regime), decoded in outs.items():
             first = decoded[0][0]
+            counted, replayed, skips = graph_replays(first.extra, first.nfe_total)
             text = output_text(tokenizer, first.tokens, stops)
             correct = task.grade(question, text).correct if s.grade else None
             rows.append({
@@ -422,8 +450,9 @@ def run(s: BenchSettings) -> Report:
                 "prefill_s": float(np.mean([d.call_model_s[0] for d, _ in decoded])),
                 "call_rows": list(first.rows_evaluated),
                 "call_s": [float(v) for v in np.mean([d.call_model_s for d, _ in decoded], axis=0)],
-                "graph_calls": decoded[0][1].get("compiled", 0) + decoded[0][1].get("padded", 0),
+                "compiled_calls": decoded[0][1].get("compiled", 0) + decoded[0][1].get("padded", 0),
                 "eager_calls": decoded[0][1].get("eager", 0),
+                "counted_calls": counted, "replay_calls": replayed, "graph_skips": skips,
                 "correct_f": math.nan if correct is None else float(correct),
             })  # fmt: skip
     frame = pd.DataFrame(rows)

@@ -1,0 +1,92 @@
+#!/usr/bin/env python
+"""One shape's calls eager and compiled (CUDA graphs by default), for scripts/gpu_check.sh.
+
+On random weights of a cost-twin shape (packedss.models.cost_twin.SHAPES), times round-robin the
+calls of R = 1, B and 2B rows at every --blocks B and of B(B+1) rows at --quadratic-blocks only
+(each row count is one compilation), eager and on the static path compiled with --compile,
+beside the products floor (the call's matrix products alone), the weight-streaming floor and
+the HBM floor (the call's weight bytes at the device-to-device copy bandwidth measured in the
+same round robin), with each call's achieved bandwidth, its CUDA-graph replays and cudagraph
+skips, and the 2B/B ratio eager and compiled (packedss.benchmark.calls.bench_compiled). Prints
+the table and writes every number to --json, in bench_calls.py's layout (runs.sdpa).
+
+    python scripts/gpu_calls.py --shape nemotron8b --device cuda --json results/gpu_check/graphs-8b.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
+
+from packedss.benchmark.calls import (  # noqa: E402
+    FLOOR_KINDS,
+    SHAPES,
+    bench_compiled,
+    median_ratio,
+    random_adapter,
+    ratios_2b_b,
+    render_compiled,
+    shape_config,
+    stream_min_bytes,
+)
+from packedss.errors import ArgumentParser, closest, number, numbers, run_cli  # noqa: E402
+from packedss.models.checkpoint import DTYPES, resolve_dtype  # noqa: E402
+from packedss.models.static import COMPILE_MODES  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = ArgumentParser(prog="scripts/gpu_calls.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="nemotron8b", help=f"named backbone shape: {', '.join(SHAPES)}")
+    ap.add_argument("--layers", type=number(int, 1), default=None, help="keep the shape's first N layers (default: all)")
+    ap.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
+    ap.add_argument("--dtype", default="bfloat16", choices=DTYPES)
+    ap.add_argument("--compile", default="reduce-overhead", choices=COMPILE_MODES[1:])
+    ap.add_argument("--blocks", type=numbers(1), default=[8, 16, 32], help="block sizes B = W + 1 (default 8,16,32)")
+    ap.add_argument("--quadratic-blocks", type=numbers(1), default=[8],
+                    help="the B at which quadratic's B(B+1)-row call is timed (default 8; each of --blocks)")  # fmt: skip
+    ap.add_argument("--prefix", type=numbers(1), default=[1024], help="cached prefix lengths C (default 1024)")
+    ap.add_argument("--warmup", type=number(int, 0), default=5)
+    ap.add_argument("--iters", type=number(int, 1), default=20)
+    ap.add_argument("--threads", type=number(int, 0), default=0, help="CPU intra-op threads (0: torch's default)")
+    ap.add_argument("--stream-mib", type=number(int, 1), default=None, help="the floors' buffers cover at least this "
+                    "many MiB (default: 4x the last-level cache, at least 1024)")  # fmt: skip
+    ap.add_argument("--json", required=True, help="write every measurement to this file")
+    args = ap.parse_args(argv)
+    if args.shape not in SHAPES:
+        ap.error(f"unknown --shape {args.shape}{closest(args.shape, SHAPES)}; valid: {', '.join(SHAPES)}")
+    if not set(args.quadratic_blocks) <= set(args.blocks):
+        ap.error(f"--quadratic-blocks {','.join(map(str, args.quadratic_blocks))} not all among the block sizes "
+                 f"{','.join(map(str, args.blocks))}; pick them from --blocks")  # fmt: skip
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda but no CUDA device is available; use --device cpu")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    device, dtype = torch.device(args.device), resolve_dtype(args.dtype)
+    stream_bytes = stream_min_bytes() if args.stream_mib is None else args.stream_mib * 2**20
+    adapter = random_adapter(shape_config(args.shape, None, args.layers), device, dtype)
+    params = sum(p.numel() for p in adapter.backbone.parameters()) + adapter.head.weight.numel()
+    what = args.shape + (f" ({args.layers} layers)" if args.layers else "")
+    report = {"shape": what, "device": str(device), "dtype": args.dtype, "compile": args.compile,
+              "torch": torch.__version__, "threads": torch.get_num_threads(), "runs": {}}  # fmt: skip
+    if device.type == "cuda":
+        report["device_name"] = torch.cuda.get_device_name(device)
+    header = (f"gpu_calls: shape={what} device={report.get('device_name', device)} dtype={args.dtype} "
+              f"threads={report['threads']} warmup={args.warmup} iters={args.iters} (median), {params / 1e6:.1f}M params, "
+              f"random weights, compile={args.compile}")  # fmt: skip
+    results, compile_s = bench_compiled(adapter, args.compile, args.blocks, args.prefix, args.warmup, args.iters,
+                                        stream_bytes, args.quadratic_blocks)  # fmt: skip
+    print(render_compiled(results, compile_s, header) + "\n", flush=True)
+    report["runs"]["sdpa"] = {"params": params, "calls": results, "compile_s": compile_s,
+                              "ratios_2B_B": ratios_2b_b(results), "median_ratio": median_ratio(results),
+                              "compiled_floor_median": median_ratio(results, "compiled_floor", FLOOR_KINDS)}  # fmt: skip
+    Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)
