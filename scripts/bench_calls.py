@@ -70,8 +70,9 @@ def main(argv=None) -> int:
                     "this many MiB (default: 4x the last-level cache, at least 1024)")  # fmt: skip
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     ap.add_argument("--dtype", default="auto", choices=("auto", *DTYPES), help="auto: bfloat16 on CUDA, float32 on CPU")
-    ap.add_argument("--attn", default="sdpa", help="attention implementations to time, comma separated "
-                    "(sdpa, flex_attention, eager); every one gets the same custom 4D mask")  # fmt: skip
+    ap.add_argument("--attn", default="packedss", help="attention implementations to time, comma separated: "
+                    "packedss (the harness's own, fitted to each call: docs/models.md §2), or transformers' sdpa, "
+                    "flex_attention, eager (each given the same custom 4D mask)")  # fmt: skip
     ap.add_argument("--blocks", type=numbers(1), default=None, help="block sizes B = W + 1 (default 8,16,32; with --compile 9,32)")
     ap.add_argument("--prefix", type=numbers(1), default=None, help="cached prefix lengths C (default 128,512; with --compile 64,512)")
     ap.add_argument("--compile", default="none", choices=COMPILE_MODES,

@@ -64,11 +64,11 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZ
 FAILED=()
 
 if [ "$DRY" = 1 ]; then
-  DEVICE=cpu S3B=test S8B=test N=2 NQ=2 THREADS=1 ATTN=sdpa,eager MAXNEW="--max-new-tokens 12"
+  DEVICE=cpu S3B=test S8B=test N=2 NQ=2 THREADS=1 ATTN=packedss,sdpa MAXNEW="--max-new-tokens 12"
   BLOCKS=1 QBLOCKS=1 PREFIX=8 ITERS="--warmup 1 --iters 2" STREAM="--stream-mib 4" CWIDTH="--schedules packed --width 1"
   DECODE="--limit 1 --max-new-tokens 12 --widths 8"
 else
-  DEVICE=cuda S3B=nemotron3b S8B=nemotron8b N=30 NQ=4 THREADS=0 ATTN=sdpa,flex_attention MAXNEW=
+  DEVICE=cuda S3B=nemotron3b S8B=nemotron8b N=30 NQ=4 THREADS=0 ATTN=packedss,sdpa,flex_attention MAXNEW=
   BLOCKS=8,16,32 QBLOCKS=8 PREFIX=1024 ITERS="--warmup 5 --iters 20" STREAM= CWIDTH=
   DECODE="--limit 10 --max-new-tokens 64 --widths 8,16,31"
 fi
