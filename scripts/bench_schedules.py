@@ -15,7 +15,9 @@ definitions.
 path (packedss.models.static; mode default, reduce-overhead or max-autotune) next to the eager
 row: each decode runs in both regimes back to back, compilation happens in the untimed warm-up
 (seconds per shape printed below the table), and the compiled rows also report how many outputs
-equal the eager ones (= eager), the share of calls that ran a compiled graph and their
+equal the eager ones (= eager), the share of calls the harness dispatched to a compiled graph
+(Compiled calls), the share of calls after prefill that replayed a CUDA graph and inductor's
+cudagraph skips (CUDA-graph calls, Graph skips: counted at the replays, n/a on a CPU), and their
 throughput ratio to eager with its paired CI.
 
     python scripts/bench_schedules.py --model tiny --schedules ar,linear,quadratic,packed --limit 100 --compile default

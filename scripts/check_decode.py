@@ -17,17 +17,18 @@ iteration and the divergence audit.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
-import sys
 import warnings
+from pathlib import Path
 
 import torch
 from transformers import AutoTokenizer
 
 from packedss.analysis.audit import CLASSES, classify
 from packedss.decoding import LTRSettings, Sampling, decode_ltr
+from packedss.errors import ArgumentParser, PackedSSError, number, numbers, run_cli
+from packedss.models.checkpoint import DTYPES
 from packedss.models.nemotron import load_nemotron
 from packedss.numerics import exact_reductions
 from packedss.paths import PROJECT_ROOT
@@ -66,15 +67,19 @@ def counted_syncs(device: torch.device):
             setattr(torch.Tensor, name, original)
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default="cuda")
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--limit", type=int, default=20)
-    parser.add_argument("--max-new-tokens", type=int, default=96)
-    parser.add_argument("--widths", default="8,16,31")
+def main(argv=None) -> int:
+    parser = ArgumentParser(prog="scripts/check_decode.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
+    parser.add_argument("--dtype", default="bfloat16", choices=DTYPES)
+    parser.add_argument("--limit", type=number(int, 1), default=20)
+    parser.add_argument("--max-new-tokens", type=number(int, 1), default=96)
+    parser.add_argument("--widths", type=numbers(1), default=[8, 16, 31])
     parser.add_argument("--json", required=True)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if not Path(args.json).expanduser().absolute().parent.is_dir():
+        raise PackedSSError(f"--json {args.json}: its directory does not exist; create it or pick another path")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise PackedSSError("--device cuda but no CUDA device is available; use --device cpu")
     exact_reductions()
     device = torch.device(args.device)
     path = PROJECT_ROOT / "assets" / "models" / "tiny"
@@ -109,7 +114,7 @@ def main() -> int:
     greedy = Sampling(0.0, "rejection", None)
     reference = [decode("ar", 1, prompt, greedy) for prompt in prompts]
     for schedule in SCHEDULES[1:]:
-        for width in map(int, args.widths.split(",")):
+        for width in args.widths:
             verdicts = dict.fromkeys(CLASSES, 0)
             for prompt, ar in zip(prompts, reference):
                 out = decode(schedule, width, prompt, greedy)
@@ -131,4 +136,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -178,6 +178,10 @@ def test_plan_lists_each_invalid_job_on_its_own_line(tmp_path):
     ("bench_schedules.py", ["--schedules", "linear,packd"], "unknown schedules ['packd'] for the nemotron family; valid: ar,"),
     ("bench_schedules.py", ["--temperature", "nan"], "expected a finite number >= 0, got 'nan'"),
     ("bench_schedules.py", ["--task", "gsm8k", "--data-dir", "nowhere"], "pass --data-dir DIR holding gsm8k_test.jsonl"),
+    ("check_decode.py", ["--json", "x.json", "--widths", "8,0"], "argument --widths: expected an integer >= 1, got '0'"),
+    ("check_decode.py", ["--json", "x.json", "--dtype", "bf16"], "argument --dtype: invalid choice: 'bf16'"),
+    ("check_decode.py", ["--json", "nowhere/x.json", "--device", "cpu"], "its directory does not exist"),
+    ("check_decode.py", ["--json", "x.json", "--limit", "-1"], "argument --limit: expected an integer >= 1"),
 ])  # fmt: skip
 def test_script_errors(name, arguments, expected, tmp_path):
     line = error_line(script(name, arguments, tmp_path))

@@ -47,7 +47,27 @@ class _PackedCaches:
         return sum(cache.get_seq_length(layer_idx) for cache in self.caches)
 
 
-class BatchedCalls:
+class SlotAdapters:
+    """Request slots, each an adapter of its own over one job's `adapter` (`slots`): their commits,
+    resets and call statistics."""
+
+    adapter: BackboneAdapter
+    slots: list[BackboneAdapter]
+
+    def commit(self, slot: int, rows: int) -> None:
+        self.slots[slot].commit(rows)
+
+    def reset(self, slot: int) -> None:
+        self.slots[slot].reset()
+
+    def call_stats(self, slot: int) -> dict[str, int]:
+        return self.slots[slot].call_stats
+
+    def synchronize(self) -> None:
+        self.adapter.synchronize()
+
+
+class BatchedCalls(SlotAdapters):
     """`slots` request slots over one adapter's backbone and head (packedss.decoding.batching's
     BatchExecutor). Every slot's call of one batch runs in one forward pass."""
 
@@ -112,18 +132,6 @@ class BatchedCalls:
             logits.append(own.after_call(call, adapter.head(hidden[start + call.read_from : start + call.rows])))
             start += call.rows
         return logits
-
-    def commit(self, slot: int, rows: int) -> None:
-        self.slots[slot].commit(rows)
-
-    def reset(self, slot: int) -> None:
-        self.slots[slot].reset()
-
-    def call_stats(self, slot: int) -> dict[str, int]:
-        return self.slots[slot].call_stats
-
-    def synchronize(self) -> None:
-        self.adapter.synchronize()
 
     def end_warmup(self) -> dict[str, float]:
         """Nothing compiles on the eager path."""

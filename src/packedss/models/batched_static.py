@@ -32,7 +32,8 @@ from packedss.decoding.calls import Call, Role
 from packedss.errors import PackedSSError
 from packedss.models.attention import mask_kernel
 from packedss.models.graphs import WARM_RUNS, graph_events, timed_call_stats
-from packedss.models.static import COMPILE_MODES, MAX_GRAPHS, SIGHTINGS_TO_COMPILE, attention_windows, check_full_attention
+from packedss.models.batched import SlotAdapters
+from packedss.models.static import COMPILE_MODES, MAX_GRAPHS, GraphAdmission, attention_windows, check_full_attention
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ class _SlotState:
         self.batch.starts[self.slot] = 0
 
 
-class StaticBatch:
+class StaticBatch(SlotAdapters, GraphAdmission):
     """A BatchExecutor (packedss.decoding.batching) of `slots` requests on static caches of
     `capacity` rows each, with compiled graphs of mode `mode` (see the module docstring)."""
 
@@ -197,15 +198,8 @@ class StaticBatch:
     def _window(self, key: tuple[int, bool], needed: int) -> int:
         return min(w for w in self._graphs[key] if w >= needed)
 
-    def _admit(self, key: tuple[int, bool], needed: int) -> bool:
-        if not self.compiling or len(self._graphs) >= self.max_graphs:
-            return False
-        self._sightings[key] = self._sightings.get(key, 0) + 1
-        if self._sightings[key] < SIGHTINGS_TO_COMPILE:
-            return False
-        self._graphs[key] = [w for w in self.windows if w >= needed]
-        log.info("compiling the batched %dx%d-row call (mode=%s)", len(self.slots), key[0], self.mode)
-        return True
+    def shape_name(self, rows: int) -> str:
+        return f"batched {len(self.slots)}x{rows}-row"
 
     def _run_graph(self, decodes, rows: int, lora: bool, window: int, compiled: bool = True) -> list[torch.Tensor]:
         tokens, positions, mask = self._fill(decodes, rows, window)
@@ -273,18 +267,6 @@ class StaticBatch:
         out = self.adapter.backbone(input_ids=call.tokens[None], position_ids=call.positions[None], attention_mask=mask,
                                     cache=cache, use_cache=True)  # fmt: skip
         return self.adapter.head(out.last_hidden_state[0, call.read_from :])
-
-    def commit(self, slot: int, rows: int) -> None:
-        self.slots[slot].commit(rows)
-
-    def reset(self, slot: int) -> None:
-        self.slots[slot].reset()
-
-    def call_stats(self, slot: int) -> dict[str, int]:
-        return self.slots[slot].call_stats
-
-    def synchronize(self) -> None:
-        self.adapter.synchronize()
 
     def end_warmup(self) -> dict[str, float]:
         """Close compilation (see StaticCalls.end_warmup); the compile seconds per shape."""

@@ -123,7 +123,27 @@ class _Inputs:
         return self.tokens, self.positions, self.mask
 
 
-class StaticCalls:
+class GraphAdmission:
+    """Which call shapes get graphs, for a static path with `compiling`, `max_graphs`, `windows`,
+    `_graphs` ((rows, lora) -> its compiled windows) and `_sightings` ((rows, lora) -> calls seen)."""
+
+    def _admit(self, key: tuple[int, bool], needed: int) -> bool:
+        """Whether to compile `key`'s graphs now, one per window of at least `needed` columns: the
+        warm-up is open, the shape was seen before and the bound allows another shape."""
+        if not self.compiling or len(self._graphs) >= self.max_graphs:
+            return False
+        self._sightings[key] = self._sightings.get(key, 0) + 1
+        if self._sightings[key] < SIGHTINGS_TO_COMPILE:
+            return False
+        self._graphs[key] = [w for w in self.windows if w >= needed]
+        log.info("compiling the %s call%s (mode=%s)", self.shape_name(key[0]), " with LoRA" if key[1] else "", self.mode)
+        return True
+
+    def shape_name(self, rows: int) -> str:
+        return f"{rows}-row"
+
+
+class StaticCalls(GraphAdmission):
     """Executes calls for a BackboneAdapter on a StaticCache (see the module docstring)."""
 
     def __init__(self, backbone: PreTrainedModel, head: nn.Module, mode: str, capacity: int,
@@ -342,18 +362,6 @@ class StaticCalls:
             a is b for a, b in zip(seen[1], args)
         ):
             self._direct[key] = (graph, args)
-
-    def _admit(self, key: tuple[int, bool], needed: int) -> bool:
-        """Whether to compile `key`'s graphs now, one per window of at least `needed` columns: the
-        warm-up is open, the shape was seen before and the bound allows another shape."""
-        if not self.compiling or len(self._graphs) >= self.max_graphs:
-            return False
-        self._sightings[key] = self._sightings.get(key, 0) + 1
-        if self._sightings[key] < SIGHTINGS_TO_COMPILE:
-            return False
-        self._graphs[key] = [w for w in self.windows if w >= needed]
-        log.info("compiling the %d-row call%s (mode=%s)", key[0], " with LoRA" if key[1] else "", self.mode)
-        return True
 
     def commit(self, rows: int) -> None:
         """Keep the first `rows` rows of the last call: the next call writes after them."""
