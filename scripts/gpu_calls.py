@@ -8,7 +8,7 @@ beside the products floor (the call's matrix products alone), the weight-streami
 the HBM floor (the call's weight bytes at the device-to-device copy bandwidth measured in the
 same round robin), with each call's achieved bandwidth, its CUDA-graph replays and cudagraph
 skips, and the 2B/B ratio eager and compiled (packedss.benchmark.calls.bench_compiled). Prints
-the table and writes every number to --json, in bench_calls.py's layout (runs.sdpa).
+the table and writes every number to --json, in bench_calls.py's layout (runs.<attention implementation>: packedss, the harness's own).
 
     python scripts/gpu_calls.py --shape nemotron8b --device cuda --json results/gpu_check/graphs-8b.json
 """
@@ -81,7 +81,7 @@ def main(argv=None) -> int:
     results, compile_s = bench_compiled(adapter, args.compile, args.blocks, args.prefix, args.warmup, args.iters,
                                         stream_bytes, args.quadratic_blocks)  # fmt: skip
     print(render_compiled(results, compile_s, header) + "\n", flush=True)
-    report["runs"]["sdpa"] = {"params": params, "calls": results, "compile_s": compile_s,
+    report["runs"][adapter.backbone.config._attn_implementation] = {"params": params, "calls": results, "compile_s": compile_s,
                               "ratios_2B_B": ratios_2b_b(results), "median_ratio": median_ratio(results),
                               "compiled_floor_median": median_ratio(results, "compiled_floor", FLOOR_KINDS)}  # fmt: skip
     Path(args.json).write_text(json.dumps(report, indent=1) + "\n")

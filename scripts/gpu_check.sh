@@ -4,7 +4,8 @@
 #
 #     PASS=1 bash scripts/gpu_check.sh            # exactness, syncs, audit, overheads, 3B calls under CUDA graphs
 #     PASS=2 bash scripts/gpu_check.sh            # tiny's schedules and the 8B calls under CUDA graphs
-#     bash scripts/gpu_check.sh                   # both passes in one command (PASS=all, at most 1200 s)
+#     PASS=3 bash scripts/gpu_check.sh            # concurrency: C requests per call, and the crossover
+#     bash scripts/gpu_check.sh                   # passes 1 and 2 in one command (PASS=all, at most 1200 s)
 #     DRY=1 bash scripts/gpu_check.sh             # the same code paths on the CPU at toy sizes (about 2 minutes)
 #     PY=/path/to/python OUT=/some/dir COMPILE=default bash scripts/gpu_check.sh
 #
@@ -41,6 +42,12 @@
 #     graph-replays-8b, memory-bound-8b (2B/B <= 1.3 at B = 32 under CUDA graphs: the eager ratio
 #     is also printed, but an eager call is host-bound and passes it without showing anything)
 #     and hbm-floor-8b (R = 1, B, 2B within 2x the HBM floor).
+# Pass 3 (at most 570 s of steps; not part of PASS=all):
+#   concurrency-8b (scripts/gpu_concurrency.py): tiny decides, a cost twin of the 8B shape (random
+#     weights, bfloat16, eager calls) is timed, AR / Linear-SS / Packed-SS / Quadratic-SS at W = 31
+#     and C = 1, 4, 16, 64, 64 arith questions each. Checks concurrency-audit (no unexplained
+#     divergence from AR at the same C) and concurrency-runs (every job wrote every response);
+#     INFO crossover-8b: Packed/Linear by C and the C at which it reaches 1.
 # DRY=1 runs the steps on the CPU with toy shapes, few questions and short outputs (compiled-tiny
 # packed at W = 1 only; events-bf16 and schedules-8b, which repeat another step's command on a
 # CPU, are left out): it checks the plumbing, not the numbers; the CUDA-only checks are reported
@@ -55,7 +62,7 @@ MODEL=${MODEL:-tiny}
 COMPILE=${COMPILE:-reduce-overhead}
 PASS=${PASS:-all}
 DRY=${DRY:-0}
-case $PASS in all | 1 | 2) ;; *) die "PASS=$PASS is not a pass; use PASS=1, PASS=2 or PASS=all (both)" ;; esac
+case $PASS in all | 1 | 2 | 3) ;; *) die "PASS=$PASS is not a pass; use PASS=1, PASS=2, PASS=3 or PASS=all (1 and 2)" ;; esac
 case $DRY in 0 | 1) ;; *) die "DRY=$DRY; use DRY=1 (toy sizes on the CPU) or DRY=0 (the GPU run)" ;; esac
 case $COMPILE in default | reduce-overhead | max-autotune) ;;
   *) die "COMPILE=$COMPILE; use reduce-overhead (CUDA graphs, the default), default or max-autotune" ;; esac
@@ -67,10 +74,12 @@ if [ "$DRY" = 1 ]; then
   DEVICE=cpu S3B=test S8B=test N=2 NQ=2 THREADS=1 ATTN=packedss,sdpa MAXNEW="--max-new-tokens 12"
   BLOCKS=1 QBLOCKS=1 PREFIX=8 ITERS="--warmup 1 --iters 2" STREAM="--stream-mib 4" CWIDTH="--schedules packed --width 1"
   DECODE="--limit 1 --max-new-tokens 12 --widths 8"
+  CONCURRENCY="--concurrency 1,2 --width 3 --limit 3 --max-new-tokens 8"
 else
   DEVICE=cuda S3B=nemotron3b S8B=nemotron8b N=30 NQ=4 THREADS=0 ATTN=packedss,sdpa,flex_attention MAXNEW=
   BLOCKS=8,16,32 QBLOCKS=8 PREFIX=1024 ITERS="--warmup 5 --iters 20" STREAM= CWIDTH=
   DECODE="--limit 10 --max-new-tokens 64 --widths 8,16,31"
+  CONCURRENCY="--concurrency 1,4,16,64 --width 31 --limit 64 --max-new-tokens 64"
 fi
 
 step() {  # step NAME SECONDS CMD...
@@ -100,7 +109,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>
 
 TINY="--model $MODEL --task arith --limit $N --width 8 --schedules ar,linear,quadratic,packed --device $DEVICE --threads $THREADS $MAXNEW $STREAM"
 GRAPHS="--compile $COMPILE --device $DEVICE --dtype bfloat16 --threads $THREADS --blocks $BLOCKS --quadratic-blocks $QBLOCKS --prefix $PREFIX $ITERS $STREAM"
-if [ "$PASS" != 2 ]; then
+if [ "$PASS" = 1 ] || [ "$PASS" = all ]; then
   step exact-fp32 60 "$PY" scripts/bench_schedules.py $TINY --dtype float32 --json "$OUT/exact-fp32.json"
   step exact-bf16 55 "$PY" scripts/bench_schedules.py $TINY --dtype bfloat16 --json "$OUT/exact-bf16.json"
   if [ "$DRY" = 1 ]; then
@@ -121,10 +130,14 @@ if [ "$PASS" != 2 ]; then
   step graphs-3b 180 "$PY" scripts/gpu_calls.py --shape $S3B $GRAPHS --json "$OUT/graphs-3b.json"
   verdicts 1
 fi
-if [ "$PASS" != 1 ]; then
+if [ "$PASS" = 2 ] || [ "$PASS" = all ]; then
   step compiled-tiny 270 "$PY" scripts/bench_schedules.py $TINY --dtype float32 --compile "$COMPILE" $CWIDTH --json "$OUT/compiled-tiny.json"
   step graphs-8b 300 "$PY" scripts/gpu_calls.py --shape $S8B $GRAPHS --json "$OUT/graphs-8b.json"
   verdicts 2
+fi
+if [ "$PASS" = 3 ]; then
+  step concurrency-8b 570 "$PY" scripts/gpu_concurrency.py --shape $S8B --device $DEVICE --threads $THREADS $CONCURRENCY --out "$OUT/concurrency-8b" --json "$OUT/concurrency-8b.json"
+  verdicts 3
 fi
 
 if [ ${#FAILED[@]} -gt 0 ]; then echo "gpu_check: FAILED: ${FAILED[*]}; results in $OUT"; exit 1; fi

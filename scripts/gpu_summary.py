@@ -11,7 +11,8 @@ Pass 1: float32 exactness, the bfloat16 match rate, host syncs per iteration (un
 torch.cuda.set_sync_debug_mode), the divergence audit of tiny in bfloat16, and the 3B shape's calls
 under CUDA graphs. Pass 2: the tiny model's schedules under CUDA graphs, and the 8B shape's calls
 under CUDA graphs: per-call time at R = 1, B, 2B and B(B+1) rows against the products floor and
-the HBM floor, the achieved bandwidth, the 2B/B ratio eager and compiled.
+the HBM floor, the achieved bandwidth, the 2B/B ratio eager and compiled. Pass 3: concurrency,
+the divergence audit at every C and the crossover of Packed/Linear.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ PASS_STEPS = {
     "1": ("exact-fp32", "exact-bf16", "events-bf16", "info-attn-8b", "schedules-3b", "schedules-8b", "decode-bf16",
           "graphs-3b"),
     "2": ("compiled-tiny", "graphs-8b"),
+    "3": ("concurrency-8b",),
 }  # fmt: skip
 NO_CUDA = "no CUDA device (DRY=1 runs on the CPU)"
 
@@ -148,7 +150,7 @@ def graph_calls(checks: Checks, steps: dict, label: str, cuda: bool) -> None:
                        f"B = {RATIO_BLOCK} (memory-bound calls)")  # fmt: skip
     floor_criterion = (f"{label} shape, CUDA graphs: every call of R = 1, B and 2B rows <= {HBM_FLOOR_MAX:g}x the HBM "
                        "floor (it achieves >= half the device-to-device copy bandwidth)")  # fmt: skip
-    run = None if report is None else report["runs"].get("sdpa")
+    run = None if report is None or not report["runs"] else next(iter(report["runs"].values()))
     if run is None or "calls" not in run:
         checks.missing(f"graph-replays-{label}", replay_criterion, step)
         if label == "8b":
@@ -196,6 +198,28 @@ def graph_calls(checks: Checks, steps: dict, label: str, cuda: bool) -> None:
                    f"{min(c['compiled_gbs'] for c in shown):.1f} GB/s of {first['copy_gbs']:.1f}", **numbers)  # fmt: skip
 
 
+def concurrency(checks: Checks, steps: dict) -> None:
+    report = steps.get("concurrency-8b")
+    if report is None:
+        checks.missing("concurrency-runs", "every (schedule, C) job wrote all its responses", "concurrency-8b")
+        return
+    expected = report["limit"]
+    short = [f"{row['Method']} C={row['C']}: {row['Responses']}" for row in report["table"]
+             if int(row["Responses"]) != expected]  # fmt: skip
+    jobs = {(row["Method"], row["C"]) for row in report["table"]}
+    checks.verdict("concurrency-runs", not short and len(jobs) == len(report["schedules"]) * len(report["concurrency"]),
+                   f"every (schedule, C) job wrote all {expected} responses", "; ".join(short))  # fmt: skip
+    audit = report["audit"]
+    checks.verdict("concurrency-audit", audit["Unexplained"] == 0, "no lossless output diverges from AR's at the same C "
+                   "without a recorded near-tie", ", ".join(f"{k.lower()} {v}" for k, v in audit.items()), **audit)  # fmt: skip
+    for row in report["crossover"]:
+        if row["Method"] == "Packed-SS":
+            ratios = [f"C={r['C']}: {fmt(float(r['Time / Linear-SS']))}" for r in report["table"]
+                      if r["Method"] == "Packed-SS" and r["Time / Linear-SS"]]  # fmt: skip
+            checks.add("crossover-8b", "INFO", "Packed/Linear time by C, and the smallest C at which it reaches 1",
+                       f"{', '.join(ratios)}; crossover {row['Crossover C']} (CI above 1: {row['CI above 1']})")  # fmt: skip
+
+
 def summarize(out: Path, which: str, cuda: bool) -> Checks:
     steps = {step: report for step in PASS_STEPS[which] if (report := load(out, step)) is not None}
     checks = Checks()
@@ -203,9 +227,11 @@ def summarize(out: Path, which: str, cuda: bool) -> Checks:
         exactness(checks, steps)
         decode_path(checks, steps, cuda)
         graph_calls(checks, steps, "3b", cuda)
-    else:
+    elif which == "2":
         compiled_schedules(checks, steps, cuda)
         graph_calls(checks, steps, "8b", cuda)
+    else:
+        concurrency(checks, steps)
     path = out / "gpu_check.json"
     try:
         summary = json.loads(path.read_text())

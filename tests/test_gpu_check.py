@@ -123,7 +123,7 @@ def test_the_decode_checks_read_syncs_and_audit_counts(tmp_path):
 def test_bad_input_is_one_error_line_and_status_2(tmp_path):
     run = lambda env: subprocess.run(["bash", str(SCRIPT)], env={**os.environ, "PY": sys.executable, **env},  # noqa: E731
                                      capture_output=True, text=True, timeout=120)  # fmt: skip
-    for env, message in (({"PASS": "eager"}, "error: PASS=eager is not a pass; use PASS=1, PASS=2 or PASS=all"),
+    for env, message in (({"PASS": "eager"}, "error: PASS=eager is not a pass; use PASS=1, PASS=2, PASS=3 or PASS=all"),
                          ({"DRY": "yes"}, "error: DRY=yes; use DRY=1"),
                          ({"COMPILE": "none"}, "error: COMPILE=none; use reduce-overhead"),
                          ({"PY": str(tmp_path / "no-python")}, "error: no Python found"),
@@ -135,7 +135,7 @@ def test_bad_input_is_one_error_line_and_status_2(tmp_path):
                            str(tmp_path / "absent"), "--pass", "1"], capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 2 and done.stderr.strip().startswith("error: --out ") and "is not a folder" in done.stderr
     done = subprocess.run([sys.executable, str(PROJECT_ROOT / "scripts" / "gpu_summary.py"), "--out", str(tmp_path),
-                           "--pass", "3"], capture_output=True, text=True)  # fmt: skip
+                           "--pass", "4"], capture_output=True, text=True)  # fmt: skip
     assert done.returncode == 2 and done.stderr.strip().startswith("error: argument --pass: invalid choice")
 
 
@@ -188,7 +188,7 @@ def test_the_dry_run_goes_through_on_the_cpu(tmp_path):
     for name in skipped:
         assert checks[name]["status"] == "SKIP" and "no CUDA device" in checks[name]["detail"], checks[name]
     assert all(c["criterion"] for c in checks.values())
-    graphs = report["passes"]["2"]["steps"]["graphs-8b"]["runs"]["sdpa"]
+    graphs = report["passes"]["2"]["steps"]["graphs-8b"]["runs"]["packedss"]
     rows = {c["kind"]: c["rows"] for c in graphs["calls"]}
     assert rows == {"ar": 1, "linear-draft": 1, "linear-verify": 1, "packed": 2, "quadratic": 2}  # DRY: B = 1
     for c in graphs["calls"]:
@@ -197,3 +197,39 @@ def test_the_dry_run_goes_through_on_the_cpu(tmp_path):
     audit = report["passes"]["1"]["steps"]["decode-bf16"]["audit"]
     assert audit and all(a["unexplained"] == 0 for a in audit)
     print(f"DRY=1 gpu_check: {time.monotonic() - started:.0f} s")
+
+
+def concurrency_report(unexplained: int = 0, responses: int = 4, ratios=(0.7, 0.9, 1.05)) -> dict:
+    """A gpu_concurrency.py report: four schedules at C = 1, 4, 16 with Packed/Linear `ratios`."""
+    table = []
+    for method in ("AR", "Linear-SS", "Packed-SS", "Quadratic-SS"):
+        for c, ratio in zip((1, 4, 16), ratios):
+            table.append({"Method": method, "C": str(c), "Responses": str(responses),
+                          "Time / Linear-SS": "" if method == "Linear-SS" else str(ratio)})  # fmt: skip
+    crossover = [{"Method": "Packed-SS", "Crossover C": "16", "CI above 1": "no"}]
+    return {"limit": 4, "schedules": ["ar", "linear", "packed", "quadratic"], "concurrency": [1, 4, 16],
+            "table": table, "crossover": crossover, "audit": {"Equal": 30, "Numerical": 2, "Unexplained": unexplained}}
+
+
+def test_the_concurrency_checks_pass_on_complete_exact_runs_and_fail_on_each_fault(tmp_path, capsys):
+    good = judge(tmp_path, "3", {"concurrency-8b": concurrency_report()})
+    assert good["concurrency-runs"]["status"] == good["concurrency-audit"]["status"] == "PASS"
+    assert good["crossover-8b"]["status"] == "INFO"
+    assert "C=1: 0.7, C=4: 0.9, C=16: 1.05; crossover 16" in good["crossover-8b"]["detail"]
+    assert judge(tmp_path, "3", {"concurrency-8b": concurrency_report(unexplained=1)})["concurrency-audit"]["status"] == "FAIL"
+    assert judge(tmp_path, "3", {"concurrency-8b": concurrency_report(responses=3)})["concurrency-runs"]["status"] == "FAIL"
+    (tmp_path / "concurrency-8b.json").unlink()
+    assert judge(tmp_path, "3", {})["concurrency-runs"]["status"] == "FAIL"
+
+
+@pytest.mark.slow
+def test_the_dry_concurrency_pass_goes_through_on_the_cpu(tmp_path):
+    env = {**os.environ, "DRY": "1", "PASS": "3", "PY": sys.executable, "OUT": str(tmp_path)}
+    done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    checks = {c["name"]: c for c in json.loads((tmp_path / "gpu_check.json").read_text())["passes"]["3"]["checks"]}
+    assert checks["concurrency-runs"]["status"] == checks["concurrency-audit"]["status"] == "PASS"
+    assert checks["crossover-8b"]["status"] == "INFO" and "crossover" in checks["crossover-8b"]["detail"]
+    report = json.loads((tmp_path / "concurrency-8b.json").read_text())
+    assert sorted({row["C"] for row in report["table"]}) == ["1", "2"]
+    assert len(list((tmp_path / "concurrency-8b" / "records").rglob("*-C2-*.jsonl"))) == 4

@@ -1,0 +1,86 @@
+#!/usr/bin/env python
+"""Concurrency on one device, for scripts/gpu_check.sh (pass 3): where Packed-SS stops paying.
+
+Runs the tiny model (it decides every token) with a cost twin of a named shape (its calls are
+timed) under AR, Linear-SS, Packed-SS and Quadratic-SS at every --concurrency C, through run.py
+(one sweep, each job its own record file), then the analysis's concurrency and crossover tables
+(docs/concurrency.md, docs/analysis.md §10). Prints both tables and writes their rows and the
+divergence audit's counts (every lossless response against AR's at the same C) to --json.
+
+    python scripts/gpu_concurrency.py --shape nemotron8b --device cuda --concurrency 1,4,16,64 --json results/gpu_check/concurrency-8b.json
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from packedss.errors import ArgumentParser, PackedSSError, closest, number, numbers, run_cli
+from packedss.models.cost_twin import SHAPES
+from packedss.paths import PROJECT_ROOT
+
+SCHEDULES = ("ar", "linear", "packed", "quadratic")
+
+
+def _rows(path: Path) -> list[dict]:
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def main(argv=None) -> int:
+    ap = ArgumentParser(prog="scripts/gpu_concurrency.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shape", default="nemotron8b", help=f"the cost twin's shape: {', '.join(SHAPES)}")
+    ap.add_argument("--layers", type=number(int, 1), default=None, help="keep the shape's first N layers")
+    ap.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
+    ap.add_argument("--concurrency", type=numbers(1), default=[1, 4, 16, 64], help="the C values (default 1,4,16,64)")
+    ap.add_argument("--width", type=number(int, 1), default=31, help="W (default 31: B = 32)")
+    ap.add_argument("--limit", type=number(int, 1), default=64, help="arith questions per job")
+    ap.add_argument("--max-new-tokens", type=number(int, 1), default=64)
+    ap.add_argument("--threads", type=number(int, 0), default=0)
+    ap.add_argument("--out", required=True, help="a folder for the records and the analysis")
+    ap.add_argument("--json", required=True)
+    args = ap.parse_args(argv)
+    if args.shape not in SHAPES:
+        raise PackedSSError(f"unknown --shape {args.shape}{closest(args.shape, SHAPES)}; valid: {', '.join(SHAPES)}")
+    if not Path(args.json).expanduser().absolute().parent.is_dir():
+        raise PackedSSError(f"--json {args.json}: its directory does not exist; create it or pick another path")
+    if args.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise PackedSSError("--device cuda but no CUDA device is available; use --device cpu")
+    out = Path(args.out).absolute()
+    records, analysis = out / "records", out / "analysis"
+    layers = [] if args.layers is None else [f"model.cost_layers={args.layers}"]
+    sweep = [sys.executable, str(PROJECT_ROOT / "run.py"), "-m", f"schedule={','.join(SCHEDULES)}",
+             f"concurrency={','.join(map(str, args.concurrency))}", f"width={args.width}", f"limit={args.limit}",
+             f"max_new_tokens={args.max_new_tokens}", f"model.cost_shape={args.shape}", *layers,
+             "model.cost_dtype=bfloat16", f"device={args.device}", f"threads={args.threads}", "progress=false",
+             f"out_dir={records}", f"hydra.sweep.dir={out / 'multirun'}"]  # fmt: skip
+    done = subprocess.run(sweep, cwd=PROJECT_ROOT, stdout=sys.stderr)
+    if done.returncode:
+        print(f"the sweep failed (status {done.returncode}); its jobs' errors are above", file=sys.stderr)
+        return 1
+    tables = subprocess.run([sys.executable, "-m", "packedss.analysis", str(records), "--tables", "concurrency",
+                             "--figures", "C1", "--out", str(analysis)], cwd=PROJECT_ROOT, stdout=sys.stderr)  # fmt: skip
+    if tables.returncode:
+        return 1
+    for name in ("concurrency", "crossover"):
+        print((analysis / "tables" / f"{name}.md").read_text())
+    runs = _rows(analysis / "tables" / "runs.csv")
+    audit = {kind: sum(int(float(row[kind])) for row in runs if row[kind]) for kind in ("Equal", "Numerical", "Unexplained")}
+    report = {
+        "shape": args.shape, "layers": args.layers, "device": args.device, "width": args.width, "limit": args.limit,
+        "max_new_tokens": args.max_new_tokens, "concurrency": args.concurrency, "schedules": list(SCHEDULES),
+        "table": _rows(analysis / "tables" / "concurrency.csv"), "crossover": _rows(analysis / "tables" / "crossover.csv"),
+        "audit": audit,
+    }  # fmt: skip
+    Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)
