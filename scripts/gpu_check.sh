@@ -44,8 +44,8 @@
 #     and hbm-floor-8b (R = 1, B, 2B within 2x the HBM floor).
 # Pass 3 (at most 570 s of steps; not part of PASS=all):
 #   concurrency-8b (scripts/gpu_concurrency.py): tiny decides, a cost twin of the 8B shape (random
-#     weights, bfloat16, eager calls) is timed, AR / Linear-SS / Packed-SS / Quadratic-SS at W = 31
-#     and C = 1, 4, 16, 64, 64 arith questions each. Checks concurrency-audit (no unexplained
+#     weights, bfloat16, eager calls) is timed, AR / Linear-SS / Packed-SS at W = 31 and
+#     Quadratic-SS at W = 7, at C = 1, 4, 16, 64, 64 arith questions each, 32 new tokens. Checks concurrency-audit (no unexplained
 #     divergence from AR at the same C) and concurrency-runs (every job wrote every response);
 #     INFO crossover-8b: Packed/Linear by C and the C at which it reaches 1.
 # DRY=1 runs the steps on the CPU with toy shapes, few questions and short outputs (compiled-tiny
@@ -74,12 +74,12 @@ if [ "$DRY" = 1 ]; then
   DEVICE=cpu S3B=test S8B=test N=2 NQ=2 THREADS=1 ATTN=packedss,sdpa MAXNEW="--max-new-tokens 12"
   BLOCKS=1 QBLOCKS=1 PREFIX=8 ITERS="--warmup 1 --iters 2" STREAM="--stream-mib 4" CWIDTH="--schedules packed --width 1"
   DECODE="--limit 1 --max-new-tokens 12 --widths 8"
-  CONCURRENCY="--concurrency 1,2 --width 3 --limit 3 --max-new-tokens 8"
+  CONCURRENCY="--concurrency 1,2 --width 3 --quadratic-width 2 --limit 3 --max-new-tokens 8"
 else
   DEVICE=cuda S3B=nemotron3b S8B=nemotron8b N=30 NQ=4 THREADS=0 ATTN=packedss,sdpa,flex_attention MAXNEW=
   BLOCKS=8,16,32 QBLOCKS=8 PREFIX=1024 ITERS="--warmup 5 --iters 20" STREAM= CWIDTH=
   DECODE="--limit 10 --max-new-tokens 64 --widths 8,16,31"
-  CONCURRENCY="--concurrency 1,4,16,64 --width 31 --limit 64 --max-new-tokens 64"
+  CONCURRENCY="--concurrency 1,4,16,64 --width 31 --quadratic-width 7 --limit 64 --max-new-tokens 32"
 fi
 
 step() {  # step NAME SECONDS CMD...

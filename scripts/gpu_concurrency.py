@@ -2,7 +2,8 @@
 """Concurrency on one device, for scripts/gpu_check.sh (pass 3): where Packed-SS stops paying.
 
 Runs the tiny model (it decides every token) with a cost twin of a named shape (its calls are
-timed) under AR, Linear-SS, Packed-SS and Quadratic-SS at every --concurrency C, through run.py
+timed) under AR, Linear-SS and Packed-SS at --width and Quadratic-SS at --quadratic-width, at
+every --concurrency C, through run.py
 (one sweep, each job its own record file), then the analysis's concurrency and crossover tables
 (docs/concurrency.md, docs/analysis.md §10). Prints both tables and writes their rows and the
 divergence audit's counts (every lossless response against AR's at the same C) to --json.
@@ -36,7 +37,10 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=number(int, 1), default=None, help="keep the shape's first N layers")
     ap.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
     ap.add_argument("--concurrency", type=numbers(1), default=[1, 4, 16, 64], help="the C values (default 1,4,16,64)")
-    ap.add_argument("--width", type=number(int, 1), default=31, help="W (default 31: B = 32)")
+    ap.add_argument("--width", type=number(int, 1), default=31, help="W of AR, Linear-SS and Packed-SS (default 31: B = 32)")
+    ap.add_argument("--quadratic-width", type=number(int, 1), default=7,
+                    help="W of Quadratic-SS (default 7: B = 8, the paper's pairing; its B(B+1) rows at B = 32 and "
+                    "large C would not fit a dense mask)")  # fmt: skip
     ap.add_argument("--limit", type=number(int, 1), default=64, help="arith questions per job")
     ap.add_argument("--max-new-tokens", type=number(int, 1), default=64)
     ap.add_argument("--threads", type=number(int, 0), default=0)
@@ -55,15 +59,17 @@ def main(argv=None) -> int:
     out = Path(args.out).absolute()
     records, analysis = out / "records", out / "analysis"
     layers = [] if args.layers is None else [f"model.cost_layers={args.layers}"]
-    sweep = [sys.executable, str(PROJECT_ROOT / "run.py"), "-m", f"schedule={','.join(SCHEDULES)}",
-             f"concurrency={','.join(map(str, args.concurrency))}", f"width={args.width}", f"limit={args.limit}",
-             f"max_new_tokens={args.max_new_tokens}", f"model.cost_shape={args.shape}", *layers,
-             "model.cost_dtype=bfloat16", f"device={args.device}", f"threads={args.threads}", "progress=false",
-             f"out_dir={records}", f"hydra.sweep.dir={out / 'multirun'}"]  # fmt: skip
-    done = subprocess.run(sweep, cwd=PROJECT_ROOT, stdout=sys.stderr)
-    if done.returncode:
-        print(f"the sweep failed (status {done.returncode}); its jobs' errors are above", file=sys.stderr)
-        return 1
+    common = [f"concurrency={','.join(map(str, args.concurrency))}", f"limit={args.limit}",
+              f"max_new_tokens={args.max_new_tokens}", f"model.cost_shape={args.shape}", *layers,
+              "model.cost_dtype=bfloat16", f"device={args.device}", f"threads={args.threads}", "progress=false",
+              f"out_dir={records}"]  # fmt: skip
+    for schedules, width in ((SCHEDULES[:3], args.width), (SCHEDULES[3:], args.quadratic_width)):
+        sweep = [sys.executable, str(PROJECT_ROOT / "run.py"), "-m", f"schedule={','.join(schedules)}",
+                 f"width={width}", *common, f"hydra.sweep.dir={out / 'multirun' / schedules[-1]}"]  # fmt: skip
+        done = subprocess.run(sweep, cwd=PROJECT_ROOT, stdout=sys.stderr)
+        if done.returncode:
+            print(f"the sweep failed (status {done.returncode}); its jobs' errors are above", file=sys.stderr)
+            return 1
     tables = subprocess.run([sys.executable, "-m", "packedss.analysis", str(records), "--tables", "concurrency",
                              "--figures", "C1", "--out", str(analysis)], cwd=PROJECT_ROOT, stdout=sys.stderr)  # fmt: skip
     if tables.returncode:
@@ -74,7 +80,7 @@ def main(argv=None) -> int:
     audit = {kind: sum(int(float(row[kind])) for row in runs if row[kind]) for kind in ("Equal", "Numerical", "Unexplained")}
     report = {
         "shape": args.shape, "layers": args.layers, "device": args.device, "width": args.width, "limit": args.limit,
-        "max_new_tokens": args.max_new_tokens, "concurrency": args.concurrency, "schedules": list(SCHEDULES),
+        "quadratic_width": args.quadratic_width, "max_new_tokens": args.max_new_tokens, "concurrency": args.concurrency, "schedules": list(SCHEDULES),
         "table": _rows(analysis / "tables" / "concurrency.csv"), "crossover": _rows(analysis / "tables" / "crossover.csv"),
         "audit": audit,
     }  # fmt: skip
