@@ -46,6 +46,7 @@ def toy_family():
             settings_fields=lambda schedule, options, max_block: {},
             load_adapter=_load_tiny_layout,
             max_block=lambda config: None,
+            backbone_config=FAMILIES["nemotron"].backbone_config,
         )
     )
     yield family

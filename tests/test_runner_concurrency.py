@@ -85,3 +85,19 @@ def test_a_compiled_batched_job_writes_the_eager_outputs(composed, tmp_path):
     records = all_records(tmp_path / "compiled")
     assert {r["question_id"]: r["output_ids"] for r in records} == eager
     assert list(records[0]["compile_s"]) == ["2x9 rows"]
+
+
+@pytest.mark.parametrize("model", ["tiny", "tiny-set"])
+def test_a_concurrency_the_memory_cannot_hold_is_refused_before_any_weights_load(composed, tmp_path, monkeypatch,
+                                                                                model):  # fmt: skip
+    from packedss.errors import PackedSSError
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("weights were loaded")
+
+    monkeypatch.setattr("packedss.runner.load_adapter", refuse)
+    monkeypatch.setattr("packedss.runner.available_bytes", lambda device: 64 * 2**20)
+    with pytest.raises(PackedSSError, match=r"concurrency=4096: 4096 caches of \d+ rows for .* need .* GiB, but cpu has "
+                                            r"0\.1 GiB free; lower concurrency or max_new_tokens"):  # fmt: skip
+        _run(composed, tmp_path / "out", f"model={model}", "concurrency=4096")
+    assert not (tmp_path / "out").exists()

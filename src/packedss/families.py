@@ -43,6 +43,9 @@ class Family:
     load_adapter: Callable[[Path, object, str], CallModel]
     # config.json of a checkpoint -> the largest block its drafter holds (None: not stated).
     max_block: Callable[[dict], int | None]
+    # checkpoint directory -> its backbone's transformers config, read without loading weights
+    # (the runner sizes the caches of concurrency C with it before anything loads).
+    backbone_config: Callable[[Path], object]
 
     @property
     def schedules(self) -> tuple[str, ...]:
@@ -86,6 +89,21 @@ def _load_setdlm(path: Path, device, dtype: str) -> CallModel:
     return load_setdlm(path, device=device, dtype=dtype)
 
 
+def _nemotron_backbone(path: Path):
+    from packedss.models.checkpoint import read_config
+    from packedss.models.nemotron import backbone_config
+
+    return backbone_config(read_config(path, f"Nemotron-format checkpoint {path}"))
+
+
+def _setdlm_backbone(path: Path):
+    from packedss.models.checkpoint import read_config
+    from packedss.models.setdlm import qwen3_config
+
+    what = f"SetDLM checkpoint {path}"
+    return qwen3_config(read_config(path, what), Path(path), what, vocab_size=None)
+
+
 def _setdlm_window(config: dict) -> int | None:
     # The released config keeps smax (= the largest window W) in noise_config.
     value = (config.get("noise_config") or {}).get("max_block_size")
@@ -123,6 +141,7 @@ register_family(
         settings_fields=lambda schedule, options, max_block: {"pad_verify": bool(options.get("pad_verify", True))},
         load_adapter=_load_nemotron,
         max_block=_nemotron_block,
+        backbone_config=_nemotron_backbone,
     )
 )
 register_family(
@@ -135,6 +154,7 @@ register_family(
         settings_fields=_setdlm_settings,
         load_adapter=_load_setdlm,
         max_block=_setdlm_window,
+        backbone_config=_setdlm_backbone,
     )
 )
 

@@ -28,7 +28,7 @@ from packedss.decoding.batching import Request, decode_batched
 from packedss.decoding.verify import question_seed
 from packedss.families import family_named
 from packedss.job import job_spec, task_config_for
-from packedss.models import load_model, resolve_path, select_checkpoint
+from packedss.models import load_adapter, load_tokenizer, resolve_path, select_checkpoint
 from packedss.models.checkpoint import read_config
 from packedss.models.batched import batched_executor
 from packedss.models.checkpoint import resolve_dtype
@@ -104,7 +104,14 @@ def run_job(cfg) -> JobResult:
     spec = job_spec(cfg, task.cfg, device=device_name(device), dtype=dtype, threads=torch.get_num_threads(),
                     max_block=max_block, cost_model=None if cost is None else cost.label)  # fmt: skip
     questions = task.questions(cfg.limit)
-    model, tokenizer = load_model(cfg.model, family, model_path, device, spec.dtype)
+    tokenizer = load_tokenizer(cfg.model, model_path)
+    decoder = family.schedule(spec.schedule)
+    largest_call = decoder.largest_call_rows(spec.call_width)
+    if spec.concurrency > 1:  # before any weights load
+        check_concurrency_memory(spec, family.backbone_config(model_path), cost, largest_call,
+                                 max(len(question_prompt_ids(task, tokenizer, q, cfg.model.chat)) for q in questions),
+                                 device)  # fmt: skip
+    model = load_adapter(cfg.model, family, model_path, device, spec.dtype)
     eos_token_ids = model.eos_token_ids + end_of_turn_ids(cfg.model, tokenizer)
     greedy = spec.temperature == 0
     stops = task.stop_for(spec.chat)
@@ -117,7 +124,6 @@ def run_job(cfg) -> JobResult:
             "python": platform.python_version(),
         },
     }
-    decoder = family.schedule(spec.schedule)
     settings_fields = family.settings_fields(spec.schedule, {"pad_verify": cfg.schedule.pad_verify, "order": spec.order,
                                                              "native_window": spec.native_window}, max_block)  # fmt: skip
 
@@ -135,7 +141,6 @@ def run_job(cfg) -> JobResult:
         }
         return family.decode(model, ids, family.settings_type(**(fields | settings_fields)), stop_check)
 
-    largest_call = decoder.largest_call_rows(spec.call_width)
     budget = model.prompt_budget(spec.max_new_tokens, largest_call)
     if budget is not None and budget < 1:
         raise PackedSSError(
@@ -152,9 +157,6 @@ def run_job(cfg) -> JobResult:
     if spec.compile != "none" or cost is not None or spec.concurrency > 1:
         longest_prompt = max(len(prompt_ids(q)[0]) for q in questions)
         capacity = static_capacity(longest_prompt, spec.max_new_tokens, largest_call)
-    if spec.concurrency > 1:
-        check_concurrency_memory(spec.concurrency, capacity, [(model, device)] + ([] if cost is None else [
-            (cost.config, torch.device(cost.device), cost.dtype)]))  # fmt: skip
     if cost is not None:
         cost.check_context(capacity)  # before the cost model is built
         model = CostTwin(model, build_cost_model(cost, model), cost.label)
@@ -285,22 +287,22 @@ def kv_bytes_per_row(config, dtype) -> int:
     return int(get("num_hidden_layers")) * 2 * kv_heads * head_dim * element
 
 
-def check_concurrency_memory(concurrency: int, capacity: int, models: list[tuple]) -> None:
-    """C caches of `capacity` rows (the longest prompt, the output cap and the largest call) must
-    fit each model's device: (adapter, device) or (cost config, device, dtype)."""
-    for entry in models:
-        if len(entry) == 2:
-            adapter, device = entry
-            config, dtype, name = adapter.backbone.config, adapter.dtype, adapter.name
-        else:
-            config, device, dtype = entry
-            name = "the cost model"
-        needed = concurrency * capacity * kv_bytes_per_row(config, dtype)
-        free = available_bytes(device)
+def check_concurrency_memory(spec, backbone, cost, largest_call: int, longest_prompt: int, device) -> None:
+    """C caches must fit each model's device: a cache holds at most the longest prompt (as
+    tokenized, before any cut to the context), the output cap and the largest call, and never
+    more rows than the model has positions. Checked before any weights load."""
+    capacity = static_capacity(longest_prompt, spec.max_new_tokens, largest_call)
+    positions = getattr(backbone, "max_position_embeddings", None)
+    models = [(spec.model, backbone, device, spec.dtype, min(capacity, positions or capacity))]
+    if cost is not None:
+        models.append(("the cost model", cost.config, torch.device(cost.device), cost.dtype, capacity))
+    for name, config, where, dtype, rows in models:
+        needed = spec.concurrency * rows * kv_bytes_per_row(config, dtype)
+        free = available_bytes(where)
         if needed > free:
             raise PackedSSError(
-                f"concurrency={concurrency}: {concurrency} caches of {capacity} rows for {name} need "
-                f"{needed / 2**30:.1f} GiB, but {device.type} has {max(free, 0) / 2**30:.1f} GiB free; "
+                f"concurrency={spec.concurrency}: {spec.concurrency} caches of {rows} rows for {name} need "
+                f"{needed / 2**30:.1f} GiB, but {where.type} has {max(free, 0) / 2**30:.1f} GiB free; "
                 "lower concurrency or max_new_tokens"
             )
 

@@ -196,7 +196,7 @@ def _no_loading(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr("packedss.runner.load_model", refuse)
+    monkeypatch.setattr("packedss.runner.load_adapter", refuse)
     monkeypatch.setattr("packedss.runner.build_cost_model", refuse)
 
 

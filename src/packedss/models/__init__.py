@@ -69,8 +69,11 @@ def resolve_path(model_cfg, checkpoint: Checkpoint) -> Path:
 
 def load_model(model_cfg, family, path: Path, device, dtype):
     """The adapter of the model's family, plus its tokenizer (loaded offline from the same directory)."""
-    from transformers import AutoTokenizer
+    return load_adapter(model_cfg, family, path, device, dtype), load_tokenizer(model_cfg, path)
 
+
+def load_adapter(model_cfg, family, path: Path, device, dtype):
+    """The adapter of the model's family on `device` in `dtype`, with its proposal LoRA when configured."""
     adapter = family.load_adapter(path, device, dtype)
     if model_cfg.lora:
         from packedss.models.lora import attach_proposal_lora
@@ -79,11 +82,17 @@ def load_model(model_cfg, family, path: Path, device, dtype):
         if not lora_path.is_absolute():
             lora_path = path / lora_path if (path / lora_path).exists() else PROJECT_ROOT / lora_path
         attach_proposal_lora(adapter, lora_path)
+    return adapter
+
+
+def load_tokenizer(model_cfg, path: Path):
+    """The checkpoint's tokenizer, loaded offline from its directory."""
+    from transformers import AutoTokenizer
+
     from packedss.models.checkpoint import quiet_transformers
 
     try:
         with quiet_transformers():
-            tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+            return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as err:
         raise PackedSSError(f"model {model_cfg.name}: cannot load the tokenizer from {path} ({err}); the checkpoint directory needs its tokenizer files (tokenizer.json, tokenizer_config.json): download it again") from None
-    return adapter, tokenizer
