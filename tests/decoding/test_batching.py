@@ -220,3 +220,17 @@ def test_a_decoder_error_is_raised_in_the_callers_thread():
     bad = Request("empty", lambda model: decode_ltr(model, [], LTRSettings("packed", 3, 5, (), GREEDY)))
     with pytest.raises(ValueError, match="at least one token"):
         list(decode_batched(_ToyBatch(2), [*_toy_requests(1), bad], 2))
+
+
+def test_a_batched_call_runs_the_head_once_over_every_requests_read_rows(tiny):
+    """The head (vocabulary x hidden, the largest weight) is read once per batched call, not once
+    per request."""
+    batch = BatchedCalls(tiny, 3)
+    heads = []
+    hook = tiny.head.register_forward_hook(lambda module, inputs, output: heads.append(inputs[0].shape[0]))
+    try:
+        logits = batch.run([(slot, pack([causal_segment(torch.tensor([5, 17, 33][: slot + 1]), 0)])) for slot in range(3)])
+    finally:
+        hook.remove()
+    assert heads == [1 + 2 + 3]
+    assert [out.shape[0] for out in logits] == [1, 2, 3]

@@ -121,16 +121,21 @@ class BatchedCalls(SlotAdapters):
         finally:
             if lora is not None:
                 lora.select(None)
-        hidden = out.last_hidden_state[0]
-        logits, start = [], 0
-        for slot, call in items:
+        # One head product over every request's read rows: per request it would read the head's
+        # weights (the vocabulary x hidden matrix, the largest one) once per request.
+        hidden, reads, start = out.last_hidden_state[0], [], 0
+        for call in calls:
+            reads.append(hidden[start + call.read_from : start + call.rows])
+            start += call.rows
+        read_logits = adapter.head(torch.cat(reads)).split([len(rows) for rows in reads])
+        logits = []
+        for (slot, call), own_logits in zip(items, read_logits):
             own = self.slots[slot]
             # As BackboneAdapter.run counts them: the LoRA is evaluated for every row of a call with drafts.
             own.call_stats = {"attention": self.kernel} if lora is None else {
                 "lora_rows_selected": call.draft_rows, "lora_rows_evaluated": call.rows if call.draft_rows else 0,
                 "attention": self.kernel}  # fmt: skip
-            logits.append(own.after_call(call, adapter.head(hidden[start + call.read_from : start + call.rows])))
-            start += call.rows
+            logits.append(own.after_call(call, own_logits))
         return logits
 
     def end_warmup(self) -> dict[str, float]:
