@@ -233,3 +233,13 @@ def test_the_runs_and_acceptance_tables_tell_cs_apart(swept):
     assert len(acceptance) == 12 and not acceptance.duplicated(["Method", "C"]).any()
     latency = latency_table(results.loaded.frame).data
     assert len(latency) == 12 and not latency.duplicated(["Method", "C"]).any()
+
+
+def test_the_latency_table_says_its_call_times_are_shares_once_c_varies(swept):
+    from packedss.analysis.acceptance_tables import latency_table
+
+    _, _, results, _, _ = swept
+    frame = results.loaded.frame
+    assert any("share of a batched call" in note for note in latency_table(frame).notes)
+    alone = frame[frame["concurrency"] == 1]
+    assert not any("share of a batched call" in note for note in latency_table(alone).notes)

@@ -113,4 +113,7 @@ def latency_table(frame: pd.DataFrame) -> Table:
         "Rows/NFE and Rows/token: rows evaluated by the calls after prefill (padding included) per call and per "
         "token emitted after prefill, aggregate totals.",
     ]
+    if (frame["concurrency"] > 1).any():
+        notes.append("At concurrency C > 1 a call's model time is the response's share of a batched call (in proportion "
+                     "to its rows), not the time it waited: its latency is in the concurrency table (latency_s).")  # fmt: skip
     return build("latency", "Latency per run: time to first token, per iteration and per output token.", rows, KEYS, LATENCY_COLS, notes=notes)
