@@ -90,18 +90,22 @@ def _load_setdlm(path: Path, device, dtype: str) -> CallModel:
 
 
 def _nemotron_backbone(path: Path):
-    from packedss.models.checkpoint import read_config
+    from packedss.models.checkpoint import quiet_transformers, read_config
     from packedss.models.nemotron import backbone_config
 
-    return backbone_config(read_config(path, f"Nemotron-format checkpoint {path}"))
+    config = read_config(path, f"Nemotron-format checkpoint {path}")
+    with quiet_transformers():
+        return backbone_config(config)
 
 
 def _setdlm_backbone(path: Path):
-    from packedss.models.checkpoint import read_config
+    from packedss.models.checkpoint import quiet_transformers, read_config
     from packedss.models.setdlm import qwen3_config
 
     what = f"SetDLM checkpoint {path}"
-    return qwen3_config(read_config(path, what), Path(path), what, vocab_size=None)
+    config = read_config(path, what)
+    with quiet_transformers():
+        return qwen3_config(config, Path(path), what, vocab_size=None)
 
 
 def _setdlm_window(config: dict) -> int | None:
