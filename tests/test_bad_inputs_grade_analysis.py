@@ -203,6 +203,6 @@ def test_make_targets_pass_the_one_line_on(tmp_path):
     # make adds its own "make: *** ... Error 2" ("make[1]: ***" when it runs under another make, as in CI)
     assert [line for line in lines if not re.match(r"make(\[\d+\])?: \*\*\*", line)] == [
         "error: unknown key widht (did you mean width?); fix or remove it (valid keys: model, task, schedule, width, "
-        "temperature, verify, order, seed, samples, native_window, repeats, limit, max_new_tokens, data_dir, out_dir, "
+        "temperature, verify, order, seed, samples, native_window, repeats, concurrency, limit, max_new_tokens, data_dir, out_dir, "
         "checkpoint_dirs, device, dtype, timing, threads, warmup, progress)"
     ]

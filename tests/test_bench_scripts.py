@@ -65,7 +65,7 @@ def test_bench_calls_compares_compiled_with_eager_calls(tmp_path, capsys):
             "--iters", "2", "--compile", "default", "--stream-mib", "1", "--json", str(out)]  # fmt: skip
     assert bench_calls.main(argv) == 0
     printed = capsys.readouterr().out
-    run = json.loads(out.read_text())["runs"]["sdpa"]
+    run = json.loads(out.read_text())["runs"]["packedss"]
     # B = 1: the AR and linear calls have 1 row, the packed and quadratic calls 2: two graphs.
     assert set(run["compile_s"]) == {"C=3: 1 rows", "C=3: 2 rows"}
     assert sorted((c["kind"], c["rows"]) for c in run["calls"]) == [
@@ -212,7 +212,7 @@ def test_bench_calls_cuts_a_shape_to_its_layers_and_refuses_a_bad_count(tmp_path
     argv = ["--shape", "test", "--layers", "1", "--device", "cpu", "--blocks", "2", "--prefix", "1", "--warmup", "0",
             "--iters", "1", "--stream-mib", "1", "--json", str(out)]  # fmt: skip
     assert bench_calls.main(argv) == 0
-    run = json.loads(out.read_text())["runs"]["sdpa"]
+    run = json.loads(out.read_text())["runs"]["packedss"]
     config = shape_config("test", None, 1)
     adapter = random_adapter(config, torch.device("cpu"), torch.float32)
     assert run["params"] == sum(p.numel() for p in adapter.backbone.parameters()) + adapter.head.weight.numel()
@@ -302,7 +302,7 @@ def test_bench_calls_times_a_prefill_with_the_last_rows_logits_against_every_row
     out = tmp_path / "prefill.json"
     argv = ["--shape", "test", "--prefill", "30", "--warmup", "0", "--iters", "2", "--json", str(out)]
     assert bench_calls.main(argv) == 0
-    result = json.loads(out.read_text())["runs"]["sdpa"]["prefill"]
+    result = json.loads(out.read_text())["runs"]["packedss"]["prefill"]
     assert result["prefill"] == 30 and result["ratio"] == pytest.approx(result["last_row_ms"] / result["every_row_ms"])
     assert "prefill of 30 tokens" in capsys.readouterr().out
 

@@ -145,7 +145,7 @@ def test_compiled_calls_time_quadratic_only_at_the_blocks_asked_for_and_give_2b_
             "--warmup", "0", "--iters", "1", "--compile", "default", "--stream-mib", "1", "--json", str(out)]  # fmt: skip
     assert gpu_calls.main(argv) == 0
     printed = capsys.readouterr().out
-    run = json.loads(out.read_text())["runs"]["sdpa"]
+    run = json.loads(out.read_text())["runs"]["packedss"]
     kinds = sorted((c["block"], c["kind"]) for c in run["calls"])
     assert (1, "quadratic") in kinds and (2, "quadratic") not in kinds
     assert sorted(run["compile_s"]) == ["C=3: 1 rows", "C=3: 2 rows", "C=3: 4 rows"]
