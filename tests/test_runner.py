@@ -19,7 +19,7 @@ from packedss.errors import PackedSSError
 from packedss.records import RECORD_FIELDS, read_records
 from packedss.runner import run_job
 
-TIMING_FIELDS = {"wall_s", "model_s", "nonmodel_s", "call_model_s", "code_version"}
+TIMING_FIELDS = {"wall_s", "model_s", "nonmodel_s", "call_model_s", "latency_s", "code_version"}
 def offline_env(tmp_path: Path) -> dict:
     env = dict(os.environ)
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"), PYTHONUNBUFFERED="1")
