@@ -28,7 +28,7 @@ from packedss.decoding.calls import (
 )
 from packedss.decoding.driver import Decoder, LTRSettings, drive, proposals_ahead, schedule_named
 from packedss.decoding.trace import Decoded, StopCheck
-from packedss.decoding.verify import last_token, next_token, propose, verify
+from packedss.decoding.verify import last_token, next_token, propose, upload, verify
 
 
 @dataclass(frozen=True)
@@ -120,7 +120,7 @@ class _LTRDecoder(Decoder):
 
     def __init__(self, model: CallModel, prompt: Sequence[int], settings: LTRSettings, stop_check: StopCheck | None):
         super().__init__(model, prompt, settings, stop_check)
-        self.prompt_ids = torch.as_tensor(self.prompt, dtype=torch.long, device=model.device)
+        self.prompt_ids = upload(self.prompt, model.device)
         self.position = len(self.prompt)
 
     def emit(self, tokens: list[int]) -> bool:

@@ -86,6 +86,16 @@ class Emitted(list):
         self.deciding = deciding
 
 
+def upload(ids: list[int], device: torch.device) -> torch.Tensor:
+    """`ids` as a long tensor on `device`. On CUDA the copy is from pinned memory and does not
+    block: a pageable host-to-device copy waits for the device, a host sync that the sync count
+    (scripts/check_decode.py) would see in every response."""
+    host = torch.tensor(ids, dtype=torch.long)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 def last_token(emitted: list[int], device: torch.device) -> torch.Tensor:
     """The last emitted token as a (1,) device tensor (no copy when `verify` made it)."""
     last = getattr(emitted, "last", None)

@@ -11,6 +11,7 @@ through compiled fixed-shape graphs instead.
 from __future__ import annotations
 
 import copy
+import inspect
 import weakref
 
 import torch
@@ -18,7 +19,27 @@ from torch import nn
 from transformers import DynamicCache, PreTrainedModel
 
 from packedss.decoding.calls import Call, Role, Rule
+from packedss.errors import PackedSSError
 from packedss.models.attention import ATTENTION, aligned_full, block_mask, default_kernel
+
+
+CACHE_KEYWORD = "cache"  # the backbone forward's KV-cache keyword that every call path passes
+SUPPORTED_TRANSFORMERS = "5.24"  # the release series whose backbones take CACHE_KEYWORD (pyproject.toml)
+
+
+def check_backbone(backbone_class: type) -> None:
+    """Refuses a backbone whose forward does not name CACHE_KEYWORD. Older transformers call it
+    `past_key_values`; their forwards take `**kwargs`, so the cache would be swallowed without an
+    error and every call would run on a fresh, empty cache: wrong outputs, silently."""
+    parameters = inspect.signature(backbone_class.forward).parameters
+    if CACHE_KEYWORD not in parameters:
+        import transformers
+
+        raise PackedSSError(
+            f"transformers {transformers.__version__}: {backbone_class.__name__}.forward takes no "
+            f"{CACHE_KEYWORD!r} keyword (its cache keyword: {'past_key_values' if 'past_key_values' in parameters else 'none'}), "
+            f"so the KV cache would be ignored; install transformers~={SUPPORTED_TRANSFORMERS}.0 (pip install -e .)"
+        )
 
 
 class BackboneAdapter:
@@ -42,6 +63,7 @@ class BackboneAdapter:
         block_size: int | None = None,
         name: str = "model",
     ):
+        check_backbone(type(backbone))
         self.backbone = backbone.eval()
         self.head = head.eval()
         self.mask_token_id = int(mask_token_id)

@@ -173,6 +173,7 @@ class StaticBatch(SlotAdapters, GraphAdmission):
             self.calls["compiled"] += 1
             return self._run_graph(decodes, rows, lora, self._window(key, longest + rows)), rows
         if self._admit(key, longest + rows):
+            self.adapter.synchronize()  # compile seconds are the compile's, not the queue's before it
             started = time.perf_counter()
             try:
                 for window in reversed(self._graphs[key]):
@@ -183,6 +184,7 @@ class StaticBatch(SlotAdapters, GraphAdmission):
                     f"model.compile={self.mode}: torch.compile failed on the batched {rows}-row call "
                     f"({type(err).__name__}); model.compile=none runs the eager path"
                 ) from err
+            self.adapter.synchronize()
             self.compile_s[f"{len(self.slots)}x{rows} rows" + (" lora" if lora else "")] = time.perf_counter() - started
             self.calls["compiled"] += 1
             return logits, rows

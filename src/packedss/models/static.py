@@ -212,6 +212,11 @@ class StaticCalls(GraphAdmission):
 
         return run
 
+    def _drain(self) -> None:
+        """Waits for the device's queue, so that a host clock around a compile times the compile."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def _window(self, config, columns: int) -> StaticCache:
         """A StaticCache over the first `columns` rows of every layer of the full cache (views: what
         a call writes through it is in the full cache) sharing its committed lengths."""
@@ -267,6 +272,7 @@ class StaticCalls(GraphAdmission):
             window = self._compiled_window(key, needed)
             return self._run_compiled(key + (window,), self._inputs(call.tokens, call.positions, bias, window))
         if self._admit(key, needed):
+            self._drain()
             started = time.perf_counter()
             try:
                 # Every window compiled now gives the same logits (the columns it adds are masked);
@@ -280,8 +286,7 @@ class StaticCalls(GraphAdmission):
                     f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}); on a CPU it needs a working C++ "
                     "compiler (e.g. apt-get install g++); model.compile=none runs the eager path"
                 ) from err
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+            self._drain()
             self.compile_s[f"{rows} rows" + (" lora" if lora else "")] = time.perf_counter() - started
             self.calls["compiled"] += 1
             return logits
