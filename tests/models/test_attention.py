@@ -1,7 +1,8 @@
 """Attention fitted to each call (packedss.models.attention): every call kind of every schedule, on
 the shipped tiny models in float32, gives the logits of the dense-mask path the adapters took before
-(an additive (1, 1, R, C + R) mask through transformers' own SDPA), on the SDPA kernels, on
-FlexAttention and on the static path; and the kernels are the ones docs/models.md §2 states."""
+(an additive (1, 1, R, C + R) mask through transformers' own SDPA), under a CPU's kernel choices,
+under CUDA's (run on the CPU: the lower-right causal bias, K and V repeated under a mask) and on the
+static path; the kernels are the ones docs/models.md §2 states, and nothing is compiled."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._dynamo.utils import counters as dynamo_counters
+from torch.nn.attention.bias import CausalBias
 
 from packedss.decoding import AnyOrderSettings, LTRSettings, Sampling, decode_anyorder, decode_ltr
 from packedss.decoding.calls import Rule, block_segment, causal_segment, draft_block, layout_of, pack, pad_segment
@@ -100,6 +103,10 @@ def sdpa_calls(monkeypatch):
 
     def spy(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         seen.append((query.shape[1], key.shape[1], attn_mask, is_causal, enable_gqa))
+        if isinstance(attn_mask, CausalBias):  # its dispatch compares the function with SDPA's own
+            with monkeypatch.context() as inner:
+                inner.setattr(F, "scaled_dot_product_attention", sdpa)
+                return sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, scale=scale, enable_gqa=enable_gqa)
         return sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
                     enable_gqa=enable_gqa)  # fmt: skip
 
@@ -157,25 +164,73 @@ def test_anyorder_calls_on_sdpa_equal_the_dense_mask_path(schedule, order):
     assert all(len(d.extra["attention"]) == d.nfe_total for d in decoded)
 
 
-@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def _cuda_choices(adapter):
+    """The adapter with CUDA's kernel choices (attention.eager_kernel, attention.repeats_kv), run on the CPU."""
+    adapter.attention_device = "cuda"
+    return adapter
+
+
+def _compilations() -> int:
+    return sum(dynamo_counters["stats"].values()) + sum(dynamo_counters["inductor"].values())
+
+
+def _check_cuda_sdpa_calls(sdpa_calls, kernels, layers):
+    """Every SDPA call of the fitted path under CUDA's choices: masked ones on repeated K/V without
+    enable_gqa (the fused kernels' form), unmasked ones on the grouped heads with enable_gqa."""
+    assert len(sdpa_calls) == 2 * layers * len(kernels)  # each call: the fitted path's layers, then the dense path's
+    fitted = [s for i, s in enumerate(sdpa_calls) if i % (2 * layers) < layers]
+    for (query_heads, key_heads, mask, causal, gqa), kernel in zip(fitted, [k for k in kernels for _ in range(layers)]):
+        if kernel == "sdpa-mask":
+            assert (key_heads, gqa, causal) == (query_heads, False, False) and mask.dtype == torch.float32
+        else:
+            assert key_heads < query_heads and gqa
+            assert (mask is None) != isinstance(mask, CausalBias) if kernel == "sdpa-causal" else mask is None
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")  # a CPU has no lower-right causal kernel: torch says so
 @pytest.mark.parametrize("schedule", LTR_SCHEDULES)
-def test_ltr_calls_on_flex_attention_equal_the_dense_mask_path(schedule, sdpa_calls):
-    fitted = load_nemotron(MODELS / "tiny")
-    fitted.attention = "flex"
-    model, _ = _ltr(fitted, _dense(load_nemotron(MODELS / "tiny")), schedule, 8)
-    assert model.calls
-    assert {kernel for *_, kernel in model.calls} == {"flex"}
-    assert not [s for s in sdpa_calls if s[4]]  # flex runs every call of the fitted path: none is SDPA's
+def test_ltr_calls_under_cuda_choices_equal_the_dense_mask_path_and_compile_nothing(schedule, sdpa_calls):
+    fitted = _cuda_choices(load_nemotron(MODELS / "tiny"))
+    dense = _dense(load_nemotron(MODELS / "tiny"))
+    _ltr(fitted, dense, schedule, 8)  # the warm-up: the layouts and biases of every call shape
+    sdpa_calls.clear()
+    before = _compilations()
+    model, _ = _ltr(fitted, dense, schedule, 8)
+    assert _compilations() == before  # nothing compiled or recompiled across a multi-prompt decode
+    kernels = [kernel for *_, kernel in model.calls]
+    assert kernels == [attention.eager_kernel(rule, rows, cached, "cuda") for rule, rows, cached, _ in model.calls]
+    expected = {"ar": {"sdpa-causal", "sdpa"}, "linear": {"sdpa-causal", "sdpa"}, "quadratic": {"sdpa-mask"},
+                "packed": {"sdpa-mask"}}[schedule]  # fmt: skip
+    assert set(kernels) == expected  # Linear-SS's verify over the cache: the lower-right causal bias, no mask
+    _check_cuda_sdpa_calls(sdpa_calls, kernels, layers=4)
 
 
-@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-@pytest.mark.parametrize("schedule,order", [("packed", "confidence"), ("native", "ltr")])
-def test_anyorder_calls_on_flex_attention_equal_the_dense_mask_path(schedule, order):
-    fitted = load_setdlm(MODELS / "tiny-set")
-    fitted.attention = "flex"
-    model, _ = _set(fitted, _dense(load_setdlm(MODELS / "tiny-set")), schedule, order)
-    assert model.calls
-    assert {kernel for *_, kernel in model.calls} == {"flex"}
+@pytest.mark.parametrize("schedule,order", SET_CASES)
+def test_anyorder_calls_under_cuda_choices_equal_the_dense_mask_path_and_compile_nothing(schedule, order, sdpa_calls):
+    fitted = _cuda_choices(load_setdlm(MODELS / "tiny-set"))
+    dense = _dense(load_setdlm(MODELS / "tiny-set"))
+    _set(fitted, dense, schedule, order)
+    sdpa_calls.clear()
+    before = _compilations()
+    model, _ = _set(fitted, dense, schedule, order)
+    assert _compilations() == before
+    kernels = [kernel for *_, kernel in model.calls]
+    assert kernels == [attention.eager_kernel(r, n, c, "cuda") for r, n, c, _ in model.calls]
+    assert "sdpa-mask" in kernels
+    _check_cuda_sdpa_calls(sdpa_calls, kernels, layers=fitted.backbone.config.num_hidden_layers)
+
+
+def test_masked_calls_repeat_kv_on_cuda_only():
+    generator = torch.Generator().manual_seed(3)
+    query = torch.randn(1, 4, 5, 8, generator=generator)
+    key, value = (torch.randn(1, 2, 12, 8, generator=generator) for _ in range(2))
+    allowed = torch.rand(5, 12, generator=generator) > 0.4
+    allowed[:, 0] = True
+    mask = torch.zeros(1, 1, 5, 12).masked_fill_(~allowed, torch.finfo(torch.float32).min)
+    for device_type in ("cpu", "cuda"):
+        out, _ = attention.attention_forward(None, query, key, value, mask, attention_device=device_type)
+        torch.testing.assert_close(out, _reference(query, key, value, allowed))
+    assert attention.repeats_kv("cuda") and not attention.repeats_kv("cpu")
 
 
 @pytest.mark.parametrize("schedule", ["linear", "packed"])
@@ -229,11 +284,12 @@ def test_an_explicit_4d_mask_runs_as_given():
     torch.testing.assert_close(outs[0], outs[1], rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.filterwarnings("ignore::UserWarning")  # a CPU has no lower-right causal kernel: torch says so
 def test_a_cost_twin_names_the_timed_models_kernel():
     model = load_nemotron(MODELS / "tiny")
-    cost = random_adapter(SHAPES["test"], torch.device("cpu"), torch.float32, vocab_at_least=1024, mask_token_id=1)
-    cost.attention = "flex"
+    cost = _cuda_choices(random_adapter(SHAPES["test"], torch.device("cpu"), torch.float32, vocab_at_least=1024, mask_token_id=1))
     twin = CostTwin(model, cost, "test")
     twin.run(pack([causal_segment(torch.tensor(PROMPTS[0]), 0)]))
-    assert (model.call_stats["attention"], twin.call_stats["attention"]) == ("sdpa-causal", "flex")
+    twin.commit(len(PROMPTS[0]))
+    twin.run(pack([causal_segment(torch.tensor(PROMPTS[1][:5]), len(PROMPTS[0]))]))
+    assert (model.call_stats["attention"], twin.call_stats["attention"]) == ("sdpa-mask", "sdpa-causal")

@@ -8,9 +8,12 @@ import shutil
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from transformers import Ministral3Model
 
 from packedss.decoding.calls import causal_segment, pack
 from packedss.errors import PackedSSError
+from packedss.models import nemotron
+from packedss.models.adapter import CACHE_KEYWORD, SUPPORTED_TRANSFORMERS, check_backbone
 from packedss.models.nemotron import load_nemotron
 from tests.conftest import MASK_ID, write_random_nemotron
 
@@ -119,3 +122,23 @@ def test_missing_shard_listed_in_index(checkpoint):
     )
     with pytest.raises(PackedSSError, match="model-00002-of-00002.safetensors"):
         load_nemotron(checkpoint)
+
+
+class _OlderMinistral3Model(Ministral3Model):
+    """A backbone as transformers before 5.24 defines it: the cache keyword is `past_key_values`,
+    and `**kwargs` would swallow the `cache` the adapters pass."""
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                inputs_embeds=None, use_cache=None, **kwargs):  # fmt: skip
+        return super().forward(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                               cache=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache)  # fmt: skip
+
+
+def test_a_backbone_without_the_cache_keyword_is_refused_not_ignored(checkpoint, monkeypatch):
+    monkeypatch.setattr(nemotron, "Ministral3Model", _OlderMinistral3Model)
+    with pytest.raises(PackedSSError) as raised:
+        load_nemotron(checkpoint)
+    message = str(raised.value)
+    assert "\n" not in message and "past_key_values" in message and CACHE_KEYWORD in message
+    assert f"transformers~={SUPPORTED_TRANSFORMERS}.0" in message
+    check_backbone(Ministral3Model)  # today's backbone names the keyword the adapters pass

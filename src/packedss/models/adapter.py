@@ -1,8 +1,8 @@
 """Execute a call (packedss.decoding.calls.Call) on a transformers backbone plus a linear head.
 
 One forward pass per call: attention fitted to the call's rule (packedss.models.attention: no mask
-where the rule allows it, else a FlexAttention block mask or an additive 4D mask over [KV cache +
-rows], which transformers passes through unchanged), per-row position ids, and a DynamicCache that
+where the rule allows it, else an additive 4D mask over [KV cache + rows], which transformers
+passes through unchanged), per-row position ids, and a DynamicCache that
 holds the call's KV tentatively until the schedule commits a prefix of its rows (a crop). With the
 static path on (packedss.models.static.enable_static), the same calls run on a StaticCache
 through compiled fixed-shape graphs instead.
@@ -20,7 +20,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from packedss.decoding.calls import Call, Role, Rule
 from packedss.errors import PackedSSError
-from packedss.models.attention import ATTENTION, aligned_full, block_mask, default_kernel
+from packedss.models.attention import ATTENTION, aligned_full, eager_kernel
 
 
 CACHE_KEYWORD = "cache"  # the backbone forward's KV-cache keyword that every call path passes
@@ -78,9 +78,9 @@ class BackboneAdapter:
         self._pending_rows: int | None = None
         # Per-call statistics of the last call, read by the decoder's call meter (empty: none).
         self.call_stats: dict[str, int | str] = {}
-        # The kernel family of every eager call ("flex" or "sdpa"; docs/models.md §2), when the
-        # backbone runs packedss.models.attention.
-        self.attention = default_kernel(self.device)
+        # The device type whose kernel choices the eager calls make (attention.eager_kernel); the
+        # tests set "cuda" on a CPU to run CUDA's choices there.
+        self.attention_device = self.device.type
         # id(attend) -> its additive (R, R) form; an entry lives exactly as long as its attend
         # tensor (the decoder's per-shape layouts live for the process, a prefill's for one call).
         self._biases: dict[int, torch.Tensor] = {}
@@ -129,20 +129,16 @@ class BackboneAdapter:
         return mask
 
     def attention_inputs(self, call: Call) -> tuple[torch.Tensor | None, Rule | None, str]:
-        """(attention_mask, attention_rule, kernel name) of an eager call (docs/models.md §2): the
-        kernel family's block mask; else SDPA with no mask where the rule allows it (FULL, one
-        row, CAUSAL on an empty cache or, on CUDA, over one), and the additive mask otherwise. A
-        backbone that runs another attention implementation gets the additive mask."""
+        """(attention_mask, attention_rule, kernel name) of an eager call (docs/models.md §2): no
+        mask where the call's kernel needs none, else the additive mask. A backbone that runs
+        another attention implementation gets the additive mask."""
         implementation = self.backbone.config._attn_implementation
         if implementation != ATTENTION:
             return self.additive_mask(call), None, f"transformers-{implementation}"
-        if self.attention == "flex":
-            return block_mask(call.rule, call.attend.to(self.device), self.cached_rows, self.device), None, "flex"
-        if call.rule is Rule.FULL or (call.rule is Rule.CAUSAL and call.rows == 1):
-            return None, Rule.FULL, "sdpa"
-        if call.rule is Rule.CAUSAL and (self.cached_rows == 0 or self.device.type == "cuda"):
-            return None, Rule.CAUSAL, "sdpa-causal"
-        return self.additive_mask(call), None, "sdpa-mask"
+        kernel = eager_kernel(call.rule, call.rows, self.cached_rows, self.attention_device)
+        if kernel == "sdpa-mask":
+            return self.additive_mask(call), None, kernel
+        return None, Rule.FULL if kernel == "sdpa" else Rule.CAUSAL, kernel
 
     def before_call(self, call: Call) -> None:
         """What the family's model does to its cache before a call (SetDLM: drop the oldest rows);
@@ -178,6 +174,7 @@ class BackboneAdapter:
                     position_ids=call.positions[None],
                     attention_mask=mask,
                     attention_rule=rule,
+                    attention_device=self.attention_device,
                     cache=self.cache,
                     use_cache=True,
                 )

@@ -2,29 +2,28 @@
 AttentionInterface as ATTENTION (the loaders set it as the backbone config's
 `_attn_implementation`), and the masks it takes.
 
-The function runs one of these kernels (the names records carry, docs/records.md):
+Every call is one SDPA call, fused on every device, and nothing is compiled (so nothing can
+recompile inside a timed decode). Its kernel, the name records carry (docs/records.md):
 
-- `flex`: FlexAttention over a BlockMask (`block_mask`), grouped-query attention native;
-- `sdpa`: SDPA with no mask (every row sees the cache and every row of its call);
-- `sdpa-causal`: SDPA's causal flag (an empty cache), or torch's lower-right causal bias;
-- `sdpa-mask`: SDPA with an additive (1, 1, R, C + R) mask, a view of a buffer whose rows are a
-  multiple of 16 wide (`aligned_full`), so that SDPA's fused kernels take it without a padded copy.
+- `sdpa`: no mask (every row sees the cache and every row of its call);
+- `sdpa-causal`: SDPA's causal flag (an empty cache), or torch's lower-right causal bias over a
+  cache on CUDA, which the flash kernel runs without a mask;
+- `sdpa-mask`: an additive (1, 1, R, C + R) mask, a view of a buffer whose rows are a multiple of
+  16 wide (`aligned_full`), so that SDPA's fused kernels take it without a padded copy.
 
-SDPA runs with `enable_gqa` whenever there are fewer KV heads than query heads: K and V are
-never repeated. Which kernel
-a call gets is the adapter's choice (BackboneAdapter.attention_inputs); the rule for it is in
-docs/models.md §2. Whatever the caller, a 4D tensor passed as `attention_mask` (the static path's
-buffers, several requests batched in one forward) runs as `sdpa-mask`, and a BlockMask as `flex`.
+Grouped-query heads: without a mask SDPA runs with `enable_gqa` (K and V are never repeated). With
+a mask on CUDA, K and V are repeated to the query heads first (`repeats_kv`): SDPA's fused CUDA
+kernels take no mask together with `enable_gqa`, and the math kernel it would fall back to
+materializes every score in float32. Which kernel an adapter's call gets is `eager_kernel`
+(docs/models.md §2). Whatever the caller, a 4D tensor passed as `attention_mask` (the static
+path's buffers, several requests batched in one forward) runs as `sdpa-mask`.
 """
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 from transformers import AttentionInterface
 
 from packedss.decoding.calls import Rule
@@ -33,11 +32,24 @@ ATTENTION = "packedss"
 MASK_ALIGNMENT = 16  # elements: the row stride SDPA's memory-efficient kernel needs of a mask
 
 
-def default_kernel(device: torch.device) -> str:
-    """The kernel family of a device's eager calls: "flex" on CUDA, "sdpa" elsewhere (FlexAttention
-    runs unfused, materializing every score, unless it is compiled, and compiling it on a CPU
-    costs more than the tiny models' calls it would serve)."""
-    return "flex" if torch.device(device).type == "cuda" else "sdpa"
+def eager_kernel(rule: Rule, rows: int, cached: int, device_type: str) -> str:
+    """The kernel of an eager call of `rule` and `rows` rows over `cached` cache rows on a device
+    of `device_type`: no mask where the rule needs none (FULL, one row, CAUSAL on an empty cache
+    or, on CUDA, over one), else the additive mask. SDPA's own causal flag is aligned to the first
+    column, and a CPU has no kernel for the lower-right alignment (torch would build the same mask
+    inside every layer), so a CAUSAL call over a cache is masked there."""
+    if rule is Rule.FULL or (rule is Rule.CAUSAL and rows == 1):
+        return "sdpa"
+    if rule is Rule.CAUSAL and (cached == 0 or device_type == "cuda"):
+        return "sdpa-causal"
+    return "sdpa-mask"
+
+
+def repeats_kv(device_type: str) -> bool:
+    """Whether a masked call of a grouped-query model repeats K and V to the query heads on a
+    device of `device_type`: on CUDA, where SDPA's flash kernel takes no mask and its
+    memory-efficient kernel no `enable_gqa`; not on a CPU, whose flash kernel takes both."""
+    return device_type == "cuda"
 
 
 def mask_kernel(backbone) -> str:
@@ -53,40 +65,17 @@ def aligned_full(rows: int, columns: int, value: float, dtype: torch.dtype, devi
     return torch.full((1, 1, rows, padded), value, dtype=dtype, device=device)[..., :columns]
 
 
-def block_mask(rule: Rule, attend: torch.Tensor, cached: int, device: torch.device) -> BlockMask:
-    """The BlockMask of a call of rule `rule` and (R, R) `attend` on `device` over `cached` cache
-    rows: every row sees the cache, and the call's rows as the rule says."""
-    rows = attend.shape[0]
-    if rule is Rule.FULL:
-        def sees(batch, head, row, column):
-            return column >= 0
-    elif rule is Rule.CAUSAL:
-        def sees(batch, head, row, column):
-            return column <= row + cached
-    else:
-        def sees(batch, head, row, column):
-            return (column < cached) | attend[row, (column - cached).clamp(min=0)]
-    return create_block_mask(sees, None, None, rows, cached + rows, device=device)
-
-
-@functools.cache
-def _flex(device_type: str):
-    # Compiled with dynamic shapes, so that a cache that grows each call reuses one kernel.
-    return torch.compile(flex_attention, dynamic=True) if device_type == "cuda" else flex_attention
-
-
 def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask: torch.Tensor | BlockMask | None, dropout: float = 0.0,
-                      scaling: float | None = None, attention_rule: Rule | None = None,
+                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                      attention_rule: Rule | None = None, attention_device: str | None = None,
                       **kwargs) -> tuple[torch.Tensor, None]:  # fmt: skip
     """transformers' attention-function contract: (batch, heads, rows, head_dim) query and
     (batch, kv_heads, columns, head_dim) key and value in, (batch, rows, heads, head_dim) out.
     Without a mask the call's rule (`attention_rule`, passed through the backbone's forward)
-    says which rows see which: FULL, or CAUSAL aligned to the last column."""
+    says which rows see which: FULL, or CAUSAL aligned to the last column. `attention_device`
+    (default: the query's) is the device type whose kernel choices the call makes."""
+    device_type = attention_device or query.device.type
     gqa = query.shape[1] != key.shape[1]
-    if isinstance(attention_mask, BlockMask):
-        out = _flex(query.device.type)(query, key, value, block_mask=attention_mask, scale=scaling, enable_gqa=gqa)
-        return out.transpose(1, 2).contiguous(), None
     rows, columns = query.shape[2], key.shape[2]
     causal = False
     if attention_mask is None:
@@ -99,6 +88,10 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                 attention_mask = causal_lower_right(rows, columns)
         elif attention_rule is Rule.CUSTOM:
             raise ValueError("a call of a custom rule needs its attention_mask")
+    elif gqa and repeats_kv(device_type):
+        groups = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
+        gqa = False
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
                                          is_causal=causal, scale=scaling, enable_gqa=gqa)  # fmt: skip
     return out.transpose(1, 2).contiguous(), None
