@@ -13,8 +13,9 @@ import pandas as pd
 import pytest
 import torch
 
-from packedss.benchmark.calls import SHAPES, Products, linear_weights, random_adapter, shape_config
-from packedss.benchmark.schedules import Replay
+from packedss.benchmark.calls import SHAPES, random_adapter, shape_config
+from packedss.benchmark.floors import Products, linear_weights
+from packedss.benchmark.replay import Replay
 from packedss.decoding.trace import RecordingModel
 from packedss.paths import PROJECT_ROOT
 from tests.conftest import write_random_nemotron_with_tokenizer
@@ -183,7 +184,8 @@ def test_products_are_every_linear_layer_and_the_head_on_the_call_rows():
 
 
 def test_the_floor_streams_the_models_weight_shapes_past_the_cache_and_prints_per_call():
-    from packedss.benchmark.calls import RawRead, Stream, bench, floor_entries, linear_weights, render
+    from packedss.benchmark.calls import bench, render
+    from packedss.benchmark.floors import RawRead, Stream, floor_entries
 
     adapter = random_adapter(shape_config("test", None), torch.device("cpu"), torch.float32)
     own = linear_weights(adapter)
@@ -341,7 +343,7 @@ class _GraphAdapter:
 
 
 def test_the_call_timer_keeps_each_calls_graph_replays_and_nothing_on_the_eager_path():
-    from packedss.benchmark.calls import Timer
+    from packedss.benchmark.floors import Timer
 
     timer = Timer(_GraphAdapter([2, 0, 1]))
     for _ in range(3):
@@ -356,7 +358,7 @@ def test_the_call_timer_keeps_each_calls_graph_replays_and_nothing_on_the_eager_
 
 
 def test_the_hbm_floor_is_the_weight_bytes_at_the_device_copy_bandwidth():
-    from packedss.benchmark.calls import DeviceCopy, RawRead, achieved_gbs, floor_entries, floor_fields
+    from packedss.benchmark.floors import DeviceCopy, RawRead, achieved_gbs, floor_entries, floor_fields
 
     adapter = random_adapter(shape_config("test", None), torch.device("cpu"), torch.float32)
     raw = RawRead(adapter, 2**20)
