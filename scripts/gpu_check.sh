@@ -3,14 +3,14 @@
 #
 #     bash scripts/gpu_check.sh                      # with the Python's own packages
 #     WHEELS=.whl bash scripts/gpu_check.sh          # first installs the wheels of scripts/gpu_wheels.sh
-#     DRY=1 bash scripts/gpu_check.sh                # the same plan on the CPU at toy sizes (about 3 minutes)
+#     DRY=1 bash scripts/gpu_check.sh                # the same plan on the CPU at toy sizes (about 2 minutes)
 #     PLAN=1 bash scripts/gpu_check.sh               # print the plan and its budgets, run nothing
 #     PY=/path/to/python RESULTS=dir OUT=dir COMPILE=default bash scripts/gpu_check.sh
 #
 # Needs a Python with torch (a CUDA build on the GPU), numpy, pandas, scipy, matplotlib, tokenizers,
 # safetensors and huggingface-hub; transformers at the project's pin, hydra-core and omegaconf come
 # from the wheels folder WHEELS when the Python lacks them (installed with pip --no-index --no-deps
-# --target SITE, default /tmp/packedss-site, put first on PYTHONPATH). The package itself is read
+# --target SITE, default /tmp/packedss-site, put on PYTHONPATH right after src/). The package itself is read
 # from src/, no install needed; the shipped tiny model (assets/models/tiny); no network.
 #
 # The plan, in this order, each step under its own time limit (its budget; the budgets sum to at
@@ -30,7 +30,7 @@
 #                  and Packed-SS at W = 31, C = 1 against C = 16, 16 arith questions, 32 new tokens
 #   summary        scripts/gpu_summary.py: one PASS/FAIL/SKIP/INFO line per check, gpu_check.json
 #   pack           RESULTS packed into OUT: gpu_check.tar.gz, gpu_check.json, summary.md
-# Every step writes its JSON as soon as it has a figure (each row, block or sweep), so a step cut
+# Every step writes its JSON as soon as it has a figure (each row, each block, every 2 s of a sweep), so a step cut
 # short by its budget keeps what it measured; a failed step is reported and the rest go on.
 # Everything is written under RESULTS (default results/gpu_check); OUT (default
 # results/gpu_check-packed) receives the 3 packed files (at most 8, each under 16 MiB). Exit
