@@ -190,6 +190,25 @@ def test_the_sync_counter_counts_torchs_sync_warnings_and_not_its_notice(monkeyp
     assert seen == [SYNC_WARNING, SYNC_WARNING]
 
 
+def test_the_decode_checks_write_each_row_as_it_is_measured(tmp_path, monkeypatch):
+    real, calls = check_decode["decode_ltr"], []
+
+    def decode_then_stop(*args, **kwargs):  # the step's budget runs out at the third decode
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setitem(check_decode["main"].__globals__, "decode_ltr", decode_then_stop)
+    out = tmp_path / "audit.json"
+    with pytest.raises(KeyboardInterrupt):
+        check_decode["main"](["--device", "cpu", "--dtype", "float32", "--checks", "audit", "--exact", "--limit", "1",
+                              "--widths", "1,2", "--max-new-tokens", "4", "--json", str(out)])  # fmt: skip
+    report = json.loads(out.read_text())  # AR's reference, then linear at W = 1: one row, kept
+    assert report["done"] is False and [(a["schedule"], a["width"]) for a in report["audit"]] == [("linear", 1)]
+    assert report["audit"][0]["equal"] == 1 and report["audit"][0]["pass"]
+
+
 def test_the_calls_step_times_the_rows_asked_for_and_writes_its_json_after_each_block(tmp_path, capsys, monkeypatch):
     out = tmp_path / "graphs.json"
     argv = ["--shape", "test", "--device", "cpu", "--blocks", "2,1", "--prefix", "3", "--warmup", "0", "--iters", "1",
