@@ -1,144 +1,183 @@
 #!/usr/bin/env bash
-# The CUDA path in two commands of at most 600 s each on one H100/H200-class GPU (the sum of each
-# pass's step limits, plus about 15 s of start-up and verdicts, stays under 600 s):
+# The CUDA path in one command on one H100/H200-class GPU, inside 480 s from a bare machine:
 #
-#     PASS=1 bash scripts/gpu_check.sh            # exactness, syncs, audit, overheads, 3B calls under CUDA graphs
-#     PASS=2 bash scripts/gpu_check.sh            # tiny's schedules and the 8B calls under CUDA graphs
-#     PASS=3 bash scripts/gpu_check.sh            # concurrency: C requests per call, and the crossover
-#     bash scripts/gpu_check.sh                   # passes 1 and 2 in one command (PASS=all, at most 1200 s)
-#     DRY=1 bash scripts/gpu_check.sh             # the same code paths on the CPU at toy sizes (about 2 minutes)
-#     PY=/path/to/python OUT=/some/dir COMPILE=default bash scripts/gpu_check.sh
+#     bash scripts/gpu_check.sh                      # with the Python's own packages
+#     WHEELS=.whl bash scripts/gpu_check.sh          # first installs the wheels of scripts/gpu_wheels.sh
+#     DRY=1 bash scripts/gpu_check.sh                # the same plan on the CPU at toy sizes (about 2 minutes)
+#     PLAN=1 bash scripts/gpu_check.sh               # print the plan and its budgets, run nothing
+#     PY=/path/to/python RESULTS=dir OUT=dir COMPILE=default bash scripts/gpu_check.sh
 #
-# Needs a Python with a CUDA build of torch, transformers 5.x, numpy, scipy, pandas, omegaconf,
-# tokenizers and safetensors (the project's dependencies; the package itself is read from src/,
-# no install needed), the shipped tiny model (assets/models/tiny), and no network.
+# Needs a Python with torch (a CUDA build on the GPU), numpy, pandas, scipy, matplotlib, tokenizers,
+# safetensors and huggingface-hub; transformers at the project's pin, hydra-core and omegaconf come
+# from the wheels folder WHEELS when the Python lacks them (installed with pip --no-index --no-deps
+# --target SITE, default /tmp/packedss-site, put on PYTHONPATH right after src/). The package itself is read
+# from src/, no install needed; the shipped tiny model (assets/models/tiny); no network.
 #
-# Every step has its own time limit; a failed step is reported and the rest go on. Each step
-# writes its table to $OUT/STEP.md and its numbers to $OUT/STEP.json ($OUT: default
-# results/gpu_check); at the end of each pass scripts/gpu_summary.py prints one line per check,
-# PASS, FAIL, SKIP (with the reason) or INFO, with its criterion, and writes every number to
-# $OUT/gpu_check.json. The exit status is 1 when a check or a step failed.
-#
-# Pass 1 (at most 570 s of steps):
-#   exact-fp32, exact-bf16, events-bf16: the tiny model, greedy, W = 8, 30 arith questions, AR +
-#     every LTR schedule interleaved. Check fp32-exact: float32 matches AR token for token;
-#     bfloat16 (sync and events timing) reports its match rate.
-#   info-attn-8b: SDPA against FlexAttention for the 8B shape at B = 32 (informational).
-#   schedules-3b, schedules-8b: the schedules on random-weight 3B and 8B shapes (overhead shares).
-#   decode-bf16 (scripts/check_decode.py): checks syncs (host syncs per iteration of every LTR
-#     schedule under torch.cuda.set_sync_debug_mode: greedy <= iterations + 2 per response, T = 1
-#     <= 2 x iterations + 2) and audit-bf16 (the divergence audit of tiny in bfloat16 at W = 8,
-#     16, 31: no unexplained divergence from AR).
-#   graphs-3b (scripts/gpu_calls.py): the 3B shape's calls eager and under CUDA graphs, as
-#     graphs-8b below. Check graph-replays-3b.
-# Pass 2 (at most 570 s of steps):
-#   compiled-tiny: the tiny model's schedules eager and under CUDA graphs side by side. Checks
-#     compiled-dispatch (Compiled calls 100%) and cuda-graph-calls (every timed call after prefill
-#     replayed a CUDA graph, no cudagraph skips).
-#   graphs-8b (scripts/gpu_calls.py): the 8B shape's calls, R = 1, B, 2B at B = 8, 16, 32 and
-#     B(B+1) at B = 8 (cache of 1024 rows), eager and under CUDA graphs, round-robin beside the products floor (the call's
-#     matrix products alone), the weight-streaming floor, and the HBM floor (the weight bytes at
-#     the measured device-to-device copy bandwidth, printed), with the achieved bandwidth. Checks
-#     graph-replays-8b, memory-bound-8b (2B/B <= 1.3 at B = 32 under CUDA graphs: the eager ratio
-#     is also printed, but an eager call is host-bound and passes it without showing anything)
-#     and hbm-floor-8b (R = 1, B, 2B within 2x the HBM floor).
-# Pass 3 (at most 570 s of steps; not part of PASS=all):
-#   concurrency-8b (scripts/gpu_concurrency.py): tiny decides, a cost twin of the 8B shape (random
-#     weights, bfloat16, eager calls) is timed, AR / Linear-SS / Packed-SS at W = 31 and
-#     Quadratic-SS at W = 7, at C = 1, 4, 16, 64, 64 arith questions each, 32 new tokens. Checks concurrency-audit (no unexplained
-#     divergence from AR at the same C) and concurrency-runs (every job wrote every response);
-#     INFO crossover-8b: Packed/Linear by C and the C at which it reaches 1.
-# DRY=1 runs the steps on the CPU with toy shapes, few questions and short outputs (compiled-tiny
-# packed at W = 1 only; events-bf16 and schedules-8b, which repeat another step's command on a
-# CPU, are left out): it checks the plumbing, not the numbers; the CUDA-only checks are reported
-# as SKIP with the reason. MODEL=DIR points the model steps at another Nemotron-format checkpoint.
+# The plan, in this order, each step under its own time limit (its budget; the budgets sum to at
+# most 480 s, checked before anything runs):
+#   wheels         install WHEELS (nothing when it is unset)
+#   preflight      python -m packedss.preflight: one line of versions; refuses a transformers whose
+#                  backbones do not take the adapters' cache keyword, absent hydra-core/omegaconf
+#                  and a missing CUDA device (then the run stops: one error line, status 2)
+#   audit-fp32     scripts/check_decode.py: tiny, float32, greedy, W = 8, 16, 31, 10 arith
+#                  questions: every lossless schedule's output equals AR's token for token
+#   audit-bf16     the same in bfloat16: no divergence from AR without a recorded near-tie
+#   graphs-8b      scripts/gpu_calls.py: the 8B shape's calls under CUDA graphs and eager, B = 32,
+#                  16, 8 in that order, one compilation per block (rows 64, 32, 16: Packed-SS's 2B
+#                  at every B, the B-row calls at B = 32 and 16), beside the products and HBM floors
+#   syncs          scripts/check_decode.py: host syncs per response under set_sync_debug_mode
+#   concurrency-8b scripts/gpu_concurrency.py: tiny deciding, an 8B cost twin timed, AR, Linear-SS
+#                  and Packed-SS at W = 31, C = 1 against C = 16, 16 arith questions, 32 new tokens
+#   summary        scripts/gpu_summary.py: one PASS/FAIL/SKIP/INFO line per check, gpu_check.json
+#   pack           RESULTS packed into OUT: gpu_check.tar.gz, gpu_check.json, summary.md
+# Every step writes its JSON as soon as it has a figure (each row, each block, every 2 s of a sweep), so a step cut
+# short by its budget keeps what it measured; a failed step is reported and the rest go on.
+# Everything is written under RESULTS (default results/gpu_check); OUT (default
+# results/gpu_check-packed) receives the 3 packed files (at most 8, each under 16 MiB). Exit
+# status 1 when a step or a check failed. Bad settings (DRY, PLAN, COMPILE, PY, RESULTS, OUT,
+# WHEELS, a leftover PASS) are one `error:` line, status 2.
 set -u
 cd "$(dirname "$0")/.."
 die() { echo "error: $*" >&2; exit 2; }
-PY=${PY:-$(command -v python3 || command -v python)}
-[ -n "$PY" ] && command -v "$PY" >/dev/null || die "no Python found (PY=${PY:-unset}); set PY=/path/to/python"
-OUT=${OUT:-results/gpu_check}
-MODEL=${MODEL:-tiny}
-COMPILE=${COMPILE:-reduce-overhead}
-PASS=${PASS:-all}
+WINDOW=480
 DRY=${DRY:-0}
-case $PASS in all | 1 | 2 | 3) ;; *) die "PASS=$PASS is not a pass; use PASS=1, PASS=2, PASS=3 or PASS=all (1 and 2)" ;; esac
+PLAN=${PLAN:-0}
+COMPILE=${COMPILE:-reduce-overhead}
+RESULTS=${RESULTS:-results/gpu_check}
+OUT=${OUT:-results/gpu_check-packed}
+WHEELS=${WHEELS:-}
+SITE=${SITE:-${TMPDIR:-/tmp}/packedss-site}
+[ -z "${PASS:-}" ] || die "PASS=$PASS: the check is one plan now (no passes); unset PASS"
 case $DRY in 0 | 1) ;; *) die "DRY=$DRY; use DRY=1 (toy sizes on the CPU) or DRY=0 (the GPU run)" ;; esac
+case $PLAN in 0 | 1) ;; *) die "PLAN=$PLAN; use PLAN=1 (print the plan only) or PLAN=0" ;; esac
 case $COMPILE in default | reduce-overhead | max-autotune) ;;
   *) die "COMPILE=$COMPILE; use reduce-overhead (CUDA graphs, the default), default or max-autotune" ;; esac
-mkdir -p "$OUT" 2>/dev/null && [ -w "$OUT" ] || die "cannot write to OUT=$OUT; set OUT to a writable folder"
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-FAILED=()
-
-if [ "$DRY" = 1 ]; then
-  DEVICE=cpu S3B=test S8B=test N=2 NQ=2 THREADS=1 ATTN=packedss,sdpa MAXNEW="--max-new-tokens 12"
-  BLOCKS=1 QBLOCKS=1 PREFIX=8 ITERS="--warmup 1 --iters 2" STREAM="--stream-mib 4" CWIDTH="--schedules packed --width 1"
-  DECODE="--limit 1 --max-new-tokens 12 --widths 8"
-  CONCURRENCY="--concurrency 1,2 --width 3 --quadratic-width 2 --limit 3 --max-new-tokens 8"
-else
-  DEVICE=cuda S3B=nemotron3b S8B=nemotron8b N=30 NQ=4 THREADS=0 ATTN=packedss,sdpa,flex_attention MAXNEW=
-  BLOCKS=8,16,32 QBLOCKS=8 PREFIX=1024 ITERS="--warmup 5 --iters 20" STREAM= CWIDTH=
-  DECODE="--limit 10 --max-new-tokens 64 --widths 8,16,31"
-  CONCURRENCY="--concurrency 1,4,16,64 --width 31 --quadratic-width 7 --limit 64 --max-new-tokens 32"
+PY=${PY:-$(command -v python3 || command -v python)}
+[ -n "$PY" ] && command -v "$PY" >/dev/null || die "no Python found (PY=${PY:-unset}); set PY=/path/to/python"
+if [ -n "$WHEELS" ]; then
+  [ -d "$WHEELS" ] || die "WHEELS=$WHEELS is not a folder; give the folder scripts/gpu_wheels.sh filled"
+  ls "$WHEELS"/*.whl >/dev/null 2>&1 || die "WHEELS=$WHEELS holds no .whl files; fill it with bash scripts/gpu_wheels.sh $WHEELS"
 fi
 
-step() {  # step NAME SECONDS CMD...
-  local name=$1 limit=$2
-  shift 2
-  echo "=== $name (limit ${limit}s): $*"
+# DRY=1: the budgets are the H200's, checked all the same; the toy steps run on a CPU that may be
+# shared and slower per step than the GPU (no compile cache, 2 cores), so each gets SLACK x its budget.
+if [ "$DRY" = 1 ]; then
+  SLACK=3 DEVICE=cpu THREADS=1 SHAPE=test CUDA_FLAG= DEVICE_CHECK=
+  AUDIT="--limit 2 --max-new-tokens 12 --widths 8" NEW=12
+  CALLS="--blocks 2,1 --prefix 8 --warmup 1 --iters 2 --stream-mib 4"
+  CONCURRENCY="--concurrency 1,2 --width 3 --limit 2 --max-new-tokens 8"
+else
+  SLACK=1 DEVICE=cuda THREADS=0 SHAPE=nemotron8b CUDA_FLAG=--cuda DEVICE_CHECK="--device cuda"
+  AUDIT="--limit 10 --max-new-tokens 64 --widths 8,16,31" NEW=64
+  CALLS="--blocks 32,16,8 --prefix 1024 --warmup 3 --iters 10"
+  CONCURRENCY="--concurrency 1,16 --width 31 --limit 16 --max-new-tokens 32"
+fi
+
+# name, budget (s) on an H200, what it runs; docs/performance.md §8 gives the reasoning.
+STEPS=(wheels preflight audit-fp32 audit-bf16 graphs-8b syncs concurrency-8b summary pack)
+declare -A BUDGET=([wheels]=30 [preflight]=25 [audit-fp32]=40 [audit-bf16]=40 [graphs-8b]=190 [syncs]=25
+                   [concurrency-8b]=90 [summary]=10 [pack]=10)
+declare -A WHAT=(
+  [wheels]="pip install --no-index --no-deps --target $SITE ${WHEELS:-(none: WHEELS unset)}"
+  [preflight]="python -m packedss.preflight --require hydra-core,omegaconf $DEVICE_CHECK"
+  [audit-fp32]="scripts/check_decode.py --dtype float32 --checks audit --exact $AUDIT"
+  [audit-bf16]="scripts/check_decode.py --dtype bfloat16 --checks audit $AUDIT"
+  [graphs-8b]="scripts/gpu_calls.py --shape $SHAPE --compile $COMPILE $CALLS"
+  [syncs]="scripts/check_decode.py --dtype bfloat16 --checks syncs --limit 1 --max-new-tokens $NEW"
+  [concurrency-8b]="scripts/gpu_concurrency.py --shape $SHAPE --schedules ar,linear,packed $CONCURRENCY"
+  [summary]="scripts/gpu_summary.py --results RESULTS $CUDA_FLAG"
+  [pack]="tar RESULTS into OUT/gpu_check.tar.gz; OUT/gpu_check.json, OUT/summary.md"
+)
+TOTAL=0
+for name in "${STEPS[@]}"; do
+  printf '  %-15s %4d s  %s\n' "$name" "${BUDGET[$name]}" "${WHAT[$name]}"
+  TOTAL=$((TOTAL + BUDGET[$name]))
+done
+echo "plan: ${#STEPS[@]} steps, budgets sum to $TOTAL s"
+[ "$TOTAL" -le "$WINDOW" ] || die "the plan's budgets sum to $TOTAL s, over the $WINDOW s a GPU run may take; lower a step's budget (questions, tokens, blocks) until they fit"
+[ "$PLAN" = 1 ] && exit 0
+
+mkdir -p "$RESULTS" 2>/dev/null && [ -w "$RESULTS" ] || die "cannot write to RESULTS=$RESULTS; set RESULTS to a writable folder"
+mkdir -p "$OUT" 2>/dev/null && [ -w "$OUT" ] || die "cannot write to OUT=$OUT; set OUT to a writable folder"
+[ "$(cd "$OUT" && pwd -P)" != "$(cd "$RESULTS" && pwd -P)" ] || die "OUT and RESULTS are the same folder ($OUT); give OUT a folder of its own"
+for name in "${STEPS[@]}"; do rm -f "$RESULTS/$name".{json,md,stderr}; done
+rm -rf "$RESULTS/concurrency-8b" "$RESULTS/steps.tsv" "$RESULTS/summary.md"
+rm -f "$OUT/gpu_check.tar.gz" "$OUT/gpu_check.json" "$OUT/summary.md"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+FAILED=()
+STARTED=$SECONDS
+
+step() {  # step NAME CMD...: runs CMD (a command or an exported function) under NAME's budget; output in RESULTS/NAME.{md,stderr}
+  local name=$1 limit=$((BUDGET[$1] * SLACK))
+  shift
+  echo "=== $name (budget ${BUDGET[$name]}s$([ "$SLACK" = 1 ] || echo "; limit ${limit}s on this CPU")): ${WHAT[$name]}"
   local t0=$SECONDS
-  timeout "$limit" "$@" 2>"$OUT/$name.stderr" | tee "$OUT/$name.md"
+  timeout -k 3 "$limit" bash -c '"$@"' "$name" "$@" 2>"$RESULTS/$name.stderr" | tee "$RESULTS/$name.md"
   local rc=${PIPESTATUS[0]}
-  echo "=== $name: rc=$rc in $((SECONDS - t0))s"
+  local took=$((SECONDS - t0))
+  printf '%s\t%s\t%s\t%s\n' "$name" "${BUDGET[$name]}" "$rc" "$took" >>"$RESULTS/steps.tsv"
+  echo "=== $name: rc=$rc in ${took}s$([ "$rc" = 124 ] && echo ' (cut short by its budget)')"
   if [ "$rc" != 0 ]; then
-    tail -5 "$OUT/$name.stderr"
-    case $name in info-* | schedules-*) echo "($name is informational: not counted as a failure)" ;; *) FAILED+=("$name(rc=$rc)") ;; esac
+    tail -3 "$RESULTS/$name.stderr"
+    FAILED+=("$name(rc=$rc)")
   fi
+  return "$rc"
 }
 
-verdicts() {  # verdicts PASS
-  echo "=== checks of pass $1"
-  "$PY" scripts/gpu_summary.py --out "$OUT" --pass "$1" $([ "$DEVICE" = cuda ] && echo --cuda) || FAILED+=("checks-pass-$1")
+install_wheels() {
+  if [ -z "$WHEELS" ]; then
+    echo "no wheels carried (WHEELS unset): the Python's own packages are used"
+    return 0
+  fi
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$WHEELS"/*.whl \
+    && ls "$WHEELS"/*.whl | xargs -n 1 basename
+}
+
+pack() {  # the results folder as one tar, beside the summary; at most 8 files of under 16 MiB
+  local parent base
+  parent=$(dirname "$RESULTS") base=$(basename "$RESULTS")
+  tar -czf "$OUT/gpu_check.tar.gz" -C "$parent" "$base" || return 1
+  cp "$RESULTS/gpu_check.json" "$RESULTS/summary.md" "$OUT"/ 2>/dev/null
+  local files big
+  files=$(find "$OUT" -maxdepth 1 -type f | wc -l)
+  big=$(find "$OUT" -maxdepth 1 -type f -size +16M | xargs -r -n 1 basename)
+  ls -l "$OUT"
+  [ "$files" -le 8 ] || { echo "OUT=$OUT holds $files files, more than the 8 that come back" >&2; return 1; }
+  [ -z "$big" ] || { echo "over 16 MiB: $big" >&2; return 1; }
+}
+
+export -f install_wheels pack  # steps too: run under timeout in a bash of their own
+export PY WHEELS SITE RESULTS OUT
+
+finish() {  # the verdicts and the packed files, whatever happened before
+  step summary "$PY" scripts/gpu_summary.py --results "$RESULTS" $CUDA_FLAG
+  step pack pack
+  echo "gpu_check: $((SECONDS - STARTED)) s in all (budgets: $TOTAL s)"
+}
+
+refused() {  # a step that stops the run (wheels, preflight): the verdicts and the packing, then its one error line
+  local line
+  line=$(grep '^error: ' "$RESULTS/$1.stderr" | tail -1)
+  finish
+  echo "${line:-error: $1 failed (see $RESULTS/$1.stderr); $2}" >&2
+  exit 2
 }
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo 'nvidia-smi: not available'
-"$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'available', torch.cuda.is_available(), 'transformers', transformers.__version__)" \
-  || die "$PY cannot import torch and transformers; set PY to the project's Python (e.g. PY=.venv/bin/python)"
-[ "$DEVICE" = cpu ] || "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" \
-  || die "no CUDA device visible to $PY; run on a GPU machine with a CUDA build of torch, or DRY=1 on a CPU"
-
-TINY="--model $MODEL --task arith --limit $N --width 8 --schedules ar,linear,quadratic,packed --device $DEVICE --threads $THREADS $MAXNEW $STREAM"
-GRAPHS="--compile $COMPILE --device $DEVICE --dtype bfloat16 --threads $THREADS --blocks $BLOCKS --quadratic-blocks $QBLOCKS --prefix $PREFIX $ITERS $STREAM"
-if [ "$PASS" = 1 ] || [ "$PASS" = all ]; then
-  step exact-fp32 60 "$PY" scripts/bench_schedules.py $TINY --dtype float32 --json "$OUT/exact-fp32.json"
-  step exact-bf16 55 "$PY" scripts/bench_schedules.py $TINY --dtype bfloat16 --json "$OUT/exact-bf16.json"
-  if [ "$DRY" = 1 ]; then
-    echo "=== events-bf16: skipped (DRY=1: on a CPU timing=events times calls exactly as timing=sync does)"
-  else
-    step events-bf16 55 "$PY" scripts/bench_schedules.py $TINY --dtype bfloat16 --timing events --json "$OUT/events-bf16.json"
-  fi
-  step info-attn-8b 50 "$PY" scripts/bench_calls.py --shape $S8B --attn $ATTN --device $DEVICE --dtype bfloat16 --threads $THREADS --blocks ${BLOCKS##*,} --prefix $PREFIX $ITERS $STREAM --json "$OUT/info-attn-8b.json"
-  RANDOM_RUN="--model $MODEL --task arith --limit $NQ --width 31 --quadratic-width 7 --schedules linear,quadratic,packed --max-new-tokens 64 --device $DEVICE --dtype bfloat16 --threads $THREADS --no-grade $STREAM"
-  [ "$DRY" = 1 ] && RANDOM_RUN="--model $MODEL --task arith --limit $NQ --width 3 --quadratic-width 2 --schedules linear,quadratic,packed --max-new-tokens 12 --device cpu --dtype bfloat16 --threads 1 --no-grade $STREAM"
-  step schedules-3b 50 "$PY" scripts/bench_schedules.py $RANDOM_RUN --shape $S3B --json "$OUT/schedules-3b.json"
-  if [ "$DRY" = 1 ]; then
-    echo "=== schedules-8b: skipped (DRY=1: the same toy shape and command as schedules-3b)"
-  else
-    step schedules-8b 60 "$PY" scripts/bench_schedules.py $RANDOM_RUN --shape $S8B --json "$OUT/schedules-8b.json"
-  fi
-  step decode-bf16 60 "$PY" scripts/check_decode.py --device $DEVICE --dtype bfloat16 $DECODE --json "$OUT/decode-bf16.json"
-  step graphs-3b 180 "$PY" scripts/gpu_calls.py --shape $S3B $GRAPHS --json "$OUT/graphs-3b.json"
-  verdicts 1
-fi
-if [ "$PASS" = 2 ] || [ "$PASS" = all ]; then
-  step compiled-tiny 270 "$PY" scripts/bench_schedules.py $TINY --dtype float32 --compile "$COMPILE" $CWIDTH --json "$OUT/compiled-tiny.json"
-  step graphs-8b 300 "$PY" scripts/gpu_calls.py --shape $S8B $GRAPHS --json "$OUT/graphs-8b.json"
-  verdicts 2
-fi
-if [ "$PASS" = 3 ]; then
-  step concurrency-8b 570 "$PY" scripts/gpu_concurrency.py --shape $S8B --device $DEVICE --threads $THREADS $CONCURRENCY --out "$OUT/concurrency-8b" --json "$OUT/concurrency-8b.json"
-  verdicts 3
-fi
-
-if [ ${#FAILED[@]} -gt 0 ]; then echo "gpu_check: FAILED: ${FAILED[*]}; results in $OUT"; exit 1; fi
-echo "gpu_check: all checks passed; results in $OUT"
+step wheels install_wheels || refused wheels "refill WHEELS with bash scripts/gpu_wheels.sh"
+[ -n "$WHEELS" ] && export PYTHONPATH="$PWD/src:$SITE${PYTHONPATH#"$PWD/src"}"
+step preflight "$PY" -m packedss.preflight --require hydra-core,omegaconf $DEVICE_CHECK --json "$RESULTS/preflight.json" \
+  || refused preflight "run it alone: $PY -m packedss.preflight"
+step audit-fp32 "$PY" scripts/check_decode.py --device $DEVICE --dtype float32 --checks audit --exact $AUDIT \
+  --json "$RESULTS/audit-fp32.json"
+step audit-bf16 "$PY" scripts/check_decode.py --device $DEVICE --dtype bfloat16 --checks audit $AUDIT \
+  --json "$RESULTS/audit-bf16.json"
+step graphs-8b "$PY" scripts/gpu_calls.py --shape $SHAPE --device $DEVICE --dtype bfloat16 --compile "$COMPILE" \
+  --threads $THREADS $CALLS --json "$RESULTS/graphs-8b.json"
+step syncs "$PY" scripts/check_decode.py --device $DEVICE --dtype bfloat16 --checks syncs --limit 1 \
+  --max-new-tokens $NEW --json "$RESULTS/syncs.json"
+step concurrency-8b "$PY" scripts/gpu_concurrency.py --shape $SHAPE --device $DEVICE --threads $THREADS \
+  --schedules ar,linear,packed $CONCURRENCY --out "$RESULTS/concurrency-8b" --json "$RESULTS/concurrency-8b.json"
+finish
+if [ ${#FAILED[@]} -gt 0 ]; then echo "gpu_check: FAILED: ${FAILED[*]}; results in $RESULTS, packed in $OUT"; exit 1; fi
+echo "gpu_check: all checks passed; results in $RESULTS, packed in $OUT"

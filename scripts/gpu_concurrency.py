@@ -1,22 +1,27 @@
 #!/usr/bin/env python
-"""Concurrency on one device, for scripts/gpu_check.sh (pass 3): where Packed-SS stops paying.
+"""Concurrency on one device, for scripts/gpu_check.sh: where Packed-SS stops paying.
 
 Runs the tiny model (it decides every token) with a cost twin of a named shape (its calls are
-timed) under AR, Linear-SS and Packed-SS at --width and Quadratic-SS at --quadratic-width, at
-every --concurrency C, through run.py
-(one sweep, each job its own record file), then the analysis's concurrency and crossover tables
-(docs/concurrency.md, docs/analysis.md §10). Prints both tables and writes their rows and the
-divergence audit's counts (every lossless response against AR's at the same C) to --json.
+timed) under --schedules (AR, Linear-SS and Packed-SS at --width, Quadratic-SS at
+--quadratic-width) at every --concurrency C, through run.py (one sweep per width, each job its
+own record file), then the analysis's concurrency and crossover tables (docs/concurrency.md,
+docs/analysis.md §10). While the sweeps run, --json is rewritten every 2 s with the responses
+each record file holds, so a run cut short keeps what it decoded; at the end it holds the
+tables' rows and the divergence audit's counts (every lossless response against AR's at the same
+C). Prints both tables.
 
     python scripts/gpu_concurrency.py --shape nemotron8b --device cuda --concurrency 1,4,16,64 --json results/gpu_check/concurrency-8b.json
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import csv
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from packedss.errors import ArgumentParser, PackedSSError, closest, number, numbers, run_cli
@@ -31,12 +36,53 @@ def _rows(path: Path) -> list[dict]:
         return list(csv.DictReader(handle))
 
 
+class Watch:
+    """Calls `update` every `every` seconds while the block runs, and once when it ends."""
+
+    def __init__(self, update, every: float = 2.0):
+        self.update, self.every, self.stop = update, every, threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+
+    def _loop(self) -> None:
+        while not self.stop.wait(self.every):
+            self.update()
+
+    def __enter__(self):
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.update()
+
+
+def responses(records: Path) -> dict[str, int]:
+    """Record file name -> the responses it holds (whole lines: one being written is not counted)."""
+    counts = {}
+    for path in sorted(records.rglob("*.jsonl")):
+        with path.open() as handle:
+            counts[path.name] = sum(1 for line in handle if line.endswith("\n"))
+    return counts
+
+
+def schedule_names(text: str) -> list[str]:
+    """An argparse type: comma-separated schedules of SCHEDULES."""
+    names = [part.strip() for part in text.split(",")]
+    unknown = [name for name in names if name not in SCHEDULES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown {','.join(unknown)}; valid: {', '.join(SCHEDULES)}")
+    return names
+
+
 def main(argv=None) -> int:
     ap = ArgumentParser(prog="scripts/gpu_concurrency.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="nemotron8b", help=f"the cost twin's shape: {', '.join(SHAPES)}")
     ap.add_argument("--layers", type=number(int, 1), default=None, help="keep the shape's first N layers")
     ap.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
     ap.add_argument("--concurrency", type=numbers(1), default=[1, 4, 16, 64], help="the C values (default 1,4,16,64)")
+    ap.add_argument("--schedules", type=schedule_names, default=list(SCHEDULES),
+                    help=f"the schedules (default {','.join(SCHEDULES)}; AR is the audit's reference)")  # fmt: skip
     ap.add_argument("--width", type=number(int, 1), default=31, help="W of AR, Linear-SS and Packed-SS (default 31: B = 32)")
     ap.add_argument("--quadratic-width", type=number(int, 1), default=7,
                     help="W of Quadratic-SS (default 7: B = 8, the paper's pairing; its B(B+1) rows at B = 32 and "
@@ -56,35 +102,56 @@ def main(argv=None) -> int:
 
         if not torch.cuda.is_available():
             raise PackedSSError("--device cuda but no CUDA device is available; use --device cpu")
+    if "ar" not in args.schedules:
+        raise PackedSSError("--schedules without ar: the audit compares every response with AR's at the same C; add ar")
     out = Path(args.out).absolute()
     records, analysis = out / "records", out / "analysis"
     layers = [] if args.layers is None else [f"model.cost_layers={args.layers}"]
-    common = [f"concurrency={','.join(map(str, args.concurrency))}", f"limit={args.limit}",
-              f"max_new_tokens={args.max_new_tokens}", f"model.cost_shape={args.shape}", *layers,
+    common = [f"limit={args.limit}", f"max_new_tokens={args.max_new_tokens}", f"model.cost_shape={args.shape}", *layers,
               "model.cost_dtype=bfloat16", f"device={args.device}", f"threads={args.threads}", "progress=false",
               f"out_dir={records}"]  # fmt: skip
-    for schedules, width in ((SCHEDULES[:3], args.width), (SCHEDULES[3:], args.quadratic_width)):
-        sweep = [sys.executable, str(PROJECT_ROOT / "run.py"), "-m", f"schedule={','.join(schedules)}",
-                 f"width={width}", *common, f"hydra.sweep.dir={out / 'multirun' / schedules[-1]}"]  # fmt: skip
-        done = subprocess.run(sweep, cwd=PROJECT_ROOT, stdout=sys.stderr)
-        if done.returncode:
-            print(f"the sweep failed (status {done.returncode}); its jobs' errors are above", file=sys.stderr)
-            return 1
-    tables = subprocess.run([sys.executable, "-m", "packedss.analysis", str(records), "--tables", "concurrency",
-                             "--figures", "C1", "--out", str(analysis)], cwd=PROJECT_ROOT, stdout=sys.stderr)  # fmt: skip
-    if tables.returncode:
+    report = {
+        "shape": args.shape, "layers": args.layers, "device": args.device, "width": args.width, "limit": args.limit,
+        "quadratic_width": args.quadratic_width, "max_new_tokens": args.max_new_tokens, "concurrency": args.concurrency,
+        "schedules": args.schedules, "responses": {}, "done": False,
+    }  # fmt: skip
+    path = Path(args.json)
+
+    def write() -> None:
+        temporary = path.with_name(path.name + ".tmp")
+        temporary.write_text(json.dumps(report, indent=1) + "\n")
+        temporary.replace(path)
+
+    groups = [(names, width) for names, width in (([x for x in args.schedules if x != "quadratic"], args.width),
+              (["quadratic"] if "quadratic" in args.schedules else [], args.quadratic_width)) if names]  # fmt: skip
+    def progress() -> None:
+        report["responses"] = responses(records)
+        write()
+
+    write()
+    with Watch(progress):
+        for schedules, width in groups:
+            sweep = [sys.executable, str(PROJECT_ROOT / "run.py"), "-m", f"schedule={','.join(schedules)}",
+                     f"width={width}", f"concurrency={','.join(map(str, args.concurrency))}", *common,
+                     f"hydra.sweep.dir={out / 'multirun' / schedules[-1]}"]  # fmt: skip
+            done = subprocess.run(sweep, cwd=PROJECT_ROOT, stdout=sys.stderr)
+            if done.returncode:
+                print(f"the sweep failed (status {done.returncode}); its jobs' errors are above", file=sys.stderr)
+                return 1
+    from packedss.analysis.__main__ import main as analysis_main
+
+    with contextlib.redirect_stdout(sys.stderr):
+        status = analysis_main([str(records), "--tables", "concurrency", "--figures", "C1", "--out", str(analysis)])
+    if status:
         return 1
     for name in ("concurrency", "crossover"):
         print((analysis / "tables" / f"{name}.md").read_text())
     runs = _rows(analysis / "tables" / "runs.csv")
-    audit = {kind: sum(int(float(row[kind])) for row in runs if row[kind]) for kind in ("Equal", "Numerical", "Unexplained")}
-    report = {
-        "shape": args.shape, "layers": args.layers, "device": args.device, "width": args.width, "limit": args.limit,
-        "quadratic_width": args.quadratic_width, "max_new_tokens": args.max_new_tokens, "concurrency": args.concurrency, "schedules": list(SCHEDULES),
-        "table": _rows(analysis / "tables" / "concurrency.csv"), "crossover": _rows(analysis / "tables" / "crossover.csv"),
-        "audit": audit,
-    }  # fmt: skip
-    Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    report["audit"] = {kind: sum(int(float(row[kind])) for row in runs if row[kind]) for kind in ("Equal", "Numerical", "Unexplained")}
+    report["table"] = _rows(analysis / "tables" / "concurrency.csv")
+    report["crossover"] = _rows(analysis / "tables" / "crossover.csv")
+    report["done"] = True
+    write()
     return 0
 
 

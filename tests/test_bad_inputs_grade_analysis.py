@@ -182,9 +182,12 @@ def test_plan_lists_each_invalid_job_on_its_own_line(tmp_path):
     ("check_decode.py", ["--json", "x.json", "--dtype", "bf16"], "argument --dtype: invalid choice: 'bf16'"),
     ("check_decode.py", ["--json", "nowhere/x.json", "--device", "cpu"], "its directory does not exist"),
     ("check_decode.py", ["--json", "x.json", "--limit", "-1"], "argument --limit: expected an integer >= 1"),
+    ("check_decode.py", ["--json", "x.json", "--checks", "sync"], "argument --checks: unknown sync; valid: syncs, audit"),
     ("gpu_concurrency.py", ["--out", "o", "--json", "x.json", "--shape", "nemotron9b"], "unknown --shape nemotron9b (did you mean nemotron8b?)"),
     ("gpu_concurrency.py", ["--out", "o", "--json", "x.json", "--concurrency", "1,0"], "argument --concurrency: expected an integer >= 1, got '0'"),
     ("gpu_concurrency.py", ["--out", "o", "--json", "nowhere/x.json", "--device", "cpu"], "its directory does not exist"),
+    ("gpu_concurrency.py", ["--out", "o", "--json", "x.json", "--schedules", "ar,lineer"], "argument --schedules: unknown lineer; valid: ar, linear"),
+    ("gpu_concurrency.py", ["--out", "o", "--json", "x.json", "--device", "cpu", "--schedules", "linear,packed"], "--schedules without ar"),
 ])  # fmt: skip
 def test_script_errors(name, arguments, expected, tmp_path):
     line = error_line(script(name, arguments, tmp_path))

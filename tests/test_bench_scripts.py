@@ -13,8 +13,9 @@ import pandas as pd
 import pytest
 import torch
 
-from packedss.benchmark.calls import SHAPES, Products, linear_weights, random_adapter, shape_config
-from packedss.benchmark.schedules import Replay
+from packedss.benchmark.calls import SHAPES, random_adapter, shape_config
+from packedss.benchmark.floors import Products, linear_weights
+from packedss.benchmark.replay import Replay
 from packedss.decoding.trace import RecordingModel
 from packedss.paths import PROJECT_ROOT
 from tests.conftest import write_random_nemotron_with_tokenizer
@@ -183,7 +184,8 @@ def test_products_are_every_linear_layer_and_the_head_on_the_call_rows():
 
 
 def test_the_floor_streams_the_models_weight_shapes_past_the_cache_and_prints_per_call():
-    from packedss.benchmark.calls import RawRead, Stream, bench, floor_entries, linear_weights, render
+    from packedss.benchmark.calls import bench, render
+    from packedss.benchmark.floors import RawRead, Stream, floor_entries
 
     adapter = random_adapter(shape_config("test", None), torch.device("cpu"), torch.float32)
     own = linear_weights(adapter)
@@ -341,7 +343,7 @@ class _GraphAdapter:
 
 
 def test_the_call_timer_keeps_each_calls_graph_replays_and_nothing_on_the_eager_path():
-    from packedss.benchmark.calls import Timer
+    from packedss.benchmark.floors import Timer
 
     timer = Timer(_GraphAdapter([2, 0, 1]))
     for _ in range(3):
@@ -356,7 +358,7 @@ def test_the_call_timer_keeps_each_calls_graph_replays_and_nothing_on_the_eager_
 
 
 def test_the_hbm_floor_is_the_weight_bytes_at_the_device_copy_bandwidth():
-    from packedss.benchmark.calls import DeviceCopy, RawRead, achieved_gbs, floor_entries, floor_fields
+    from packedss.benchmark.floors import DeviceCopy, RawRead, achieved_gbs, floor_entries, floor_fields
 
     adapter = random_adapter(shape_config("test", None), torch.device("cpu"), torch.float32)
     raw = RawRead(adapter, 2**20)
@@ -374,3 +376,109 @@ def test_the_hbm_floor_is_the_weight_bytes_at_the_device_copy_bandwidth():
     assert fields["hbm_floor_ms"] == pytest.approx(1000 * stream.weight_bytes / (fields["copy_gbs"] * 1e9))
     assert fields["floor_ms"] == pytest.approx(1000 * stream.weight_bytes / (stream.bytes / 0.003))
     assert achieved_gbs(4e9, 2.0) == pytest.approx(2000.0)
+
+
+class _CudaLog:
+    """Stand-ins for CUDA's events and synchronize that log what happens, in order."""
+
+    def __init__(self, monkeypatch):
+        self.log: list[str] = []
+        log = self.log
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.at = None
+
+            def record(self):
+                self.at = len(log)
+                log.append("record")
+
+            def elapsed_time(self, end):
+                return float(end.at - self.at)
+
+        monkeypatch.setattr(torch.cuda, "Event", Event)
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: log.append("synchronize"))
+
+
+class _CudaAdapter:
+    """A model on a (pretended) CUDA device whose calls log themselves."""
+
+    device = torch.device("cuda")
+
+    def __init__(self, log):
+        self.log, self.call_stats = log, {}
+
+    def run(self, call):
+        self.log.append(f"run {call}")
+
+    def commit(self, rows):
+        pass
+
+
+def test_every_timed_cuda_call_and_piece_of_work_starts_on_a_drained_device(monkeypatch):
+    from packedss.benchmark.floors import TimedWork, Timer, round_robin
+
+    cuda = _CudaLog(monkeypatch)
+    timer = Timer(_CudaAdapter(cuda.log))
+
+    class Work(TimedWork):
+        def __init__(self):
+            self.timer = timer
+
+        def _run(self):
+            cuda.log.append("run work")
+
+    times = round_robin({"a": (timer, "a"), "b": (timer, "b"), "work": (Work(), None)}, warmup=1, iters=2)
+    assert set(times) == {"a", "b", "work"} and all(len(v) == 2 for v in times.values())
+    rounds = [["synchronize", "record", f"run {what}", "record"] for what in ("a", "b", "work")] * 3
+    timed = [entry for one in rounds for entry in one]
+    assert cuda.log[: len(timed)] == timed
+    assert set(cuda.log[len(timed) :]) == {"synchronize"}  # then the events are read
+
+
+def test_bench_schedules_runs_with_the_runners_exact_reductions(monkeypatch):
+    from packedss.benchmark import schedules
+
+    class Loaded(Exception):
+        pass
+
+    def load(*args):
+        raise Loaded
+
+    monkeypatch.setattr(schedules, "load", load)
+    matmul, flags = torch.backends.cuda.matmul, ("allow_bf16_reduced_precision_reduction", "allow_fp16_reduced_precision_reduction")
+    before = ({flag: getattr(matmul, flag) for flag in flags}, torch.backends.cudnn.allow_tf32,
+              torch.get_float32_matmul_precision())  # fmt: skip
+    for flag in flags:
+        setattr(matmul, flag, True)
+    torch.backends.cudnn.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")
+    try:
+        with pytest.raises(Loaded):
+            schedules.run(schedules.BenchSettings(device="cpu"))
+        assert not any(getattr(matmul, flag) for flag in flags)
+        assert not torch.backends.cudnn.allow_tf32 and torch.get_float32_matmul_precision() == "highest"
+    finally:
+        for flag, value in before[0].items():
+            setattr(matmul, flag, value)
+        torch.backends.cudnn.allow_tf32 = before[1]
+        torch.set_float32_matmul_precision(before[2])
+
+
+def test_compiled_calls_are_compiled_block_by_block_and_reported_after_each(tmp_path):
+    from packedss.benchmark.calls import bench_compiled, call_rows, iteration_calls
+
+    adapter = random_adapter(shape_config("test", None), torch.device("cpu"), torch.float32)
+    adapter.reset()
+    for block in (1, 2, 3):
+        built = iteration_calls(adapter, block, 4, ("ar", "linear-draft", "linear-verify", "packed", "quadratic"))
+        assert {kind: call.rows for kind, call in built.items()} == {kind: call_rows(kind, block) for kind in built}
+    seen = []
+    results, compile_s = bench_compiled(adapter, "default", [1, 2], [3], 0, 1, 2**20, rows={2, 4},
+                                        on_result=lambda r, c: seen.append((list(r), dict(c))))  # fmt: skip
+    first, second = seen
+    assert {(r["block"], r["kind"]) for r in first[0]} == {(1, "packed"), (1, "quadratic")}  # 2 rows at B = 1
+    assert sorted(first[1]) == ["C=3: 2 rows"]  # B = 2's 4-row call is compiled only when B = 2 comes
+    assert {(r["block"], r["kind"]) for r in second[0]} - {(r["block"], r["kind"]) for r in first[0]} == {
+        (2, "linear-draft"), (2, "linear-verify"), (2, "packed")}  # fmt: skip
+    assert sorted(compile_s) == ["C=3: 2 rows", "C=3: 4 rows"] and second[0] == results

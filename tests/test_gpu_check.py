@@ -1,235 +1,365 @@
-"""scripts/gpu_check.sh and its verdicts (scripts/gpu_summary.py): the checks decide PASS and FAIL
-by their criteria on the numbers the steps wrote, skip the CUDA-only ones on a CPU with the
-reason, refuse bad input with one line, and the dry run goes through end to end on the CPU."""
+"""scripts/gpu_check.sh and its verdicts (scripts/gpu_summary.py): the plan fits its window, the
+checks decide PASS and FAIL by their criteria on the numbers the steps wrote (also on what a step
+cut short left), skip the CUDA-only ones on a CPU with the reason, the sync counter counts torch's
+sync warnings and not its notice, the steps write their JSON as they measure, bad input is one
+line, and (slow) the dry run goes through on the CPU, also from an empty environment."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
+import warnings
 from types import SimpleNamespace
 
 import pytest
+import torch
 
 from packedss.benchmark.calls import ratios_2b_b
 from packedss.paths import PROJECT_ROOT
 
 summary = SimpleNamespace(**__import__("runpy").run_path(str(PROJECT_ROOT / "scripts" / "gpu_summary.py")))
-gpu_calls = SimpleNamespace(**__import__("runpy").run_path(str(PROJECT_ROOT / "scripts" / "gpu_calls.py")))
+gpu_calls = __import__("runpy").run_path(str(PROJECT_ROOT / "scripts" / "gpu_calls.py"))
+check_decode = __import__("runpy").run_path(str(PROJECT_ROOT / "scripts" / "check_decode.py"))
+gpu_concurrency = __import__("runpy").run_path(str(PROJECT_ROOT / "scripts" / "gpu_concurrency.py"))
 SCRIPT = PROJECT_ROOT / "scripts" / "gpu_check.sh"
+PLAN_STEPS = ["wheels", "preflight", "audit-fp32", "audit-bf16", "graphs-8b", "syncs", "concurrency-8b", "summary", "pack"]
+WINDOW_S = 480
+# torch's own texts under torch.cuda.set_sync_debug_mode("warn"): the one-time notice of
+# torch/csrc/cuda/Module.cpp, and c10's warn_or_error_on_sync (with the suffix TORCH_WARN adds).
+SYNC_NOTICE = ("Synchronization debug mode is a prototype feature and does not yet detect all synchronizing "
+               "operations (Triggered internally at /pytorch/torch/csrc/cuda/Module.cpp:900.)")  # fmt: skip
+SYNC_WARNING = "called a synchronizing CUDA operation (Triggered internally at /pytorch/c10/cuda/CUDAFunctions.cpp:171.)"
 
 
 def graphs_report(compiled_ms: dict, replays: int = 3, skips: int = 0, copy_gbs: float = 4000.0,
                   weight_bytes: int = 16 * 10**9) -> dict:  # fmt: skip
-    """A bench_calls --compile report of CUDA graphs: compiled_ms[(block, kind)]; eager calls 10 ms."""
+    """A gpu_calls.py report under CUDA graphs: compiled_ms[(block, kind)]; eager calls 10 ms."""
     hbm = 1000 * weight_bytes / (copy_gbs * 1e9)
     calls = []
     for (block, kind), ms in compiled_ms.items():
-        rows = {"ar": 1, "linear-draft": block, "linear-verify": block, "packed": 2 * block,
-                "quadratic": block * (block + 1)}[kind]  # fmt: skip
+        rows = {"linear-draft": block, "linear-verify": block, "packed": 2 * block}[kind]
         calls.append({"prefix": 1024, "block": block, "kind": kind, "rows": rows, "eager_ms": 10.0, "compiled_ms": ms,
                       "products_ms": ms / 2, "hbm_floor_ms": hbm, "compiled_hbm": ms / hbm, "copy_gbs": copy_gbs,
                       "compiled_gbs": weight_bytes / ms * 1e-6, "weight_bytes": weight_bytes,
                       "graph_replays_min": replays, "cudagraph_skips": skips})  # fmt: skip
     return {"device": "cuda", "device_name": "a GPU", "dtype": "bfloat16", "compile": "reduce-overhead",
-            "runs": {"sdpa": {"params": 8e9, "calls": calls, "ratios_2B_B": ratios_2b_b(calls)}}}  # fmt: skip
+            "runs": {"sdpa": {"params": 8e9, "calls": calls, "ratios_2B_B": ratios_2b_b(calls),
+                              "compile_s": {"C=1024: 64 rows": 41.0}}}}  # fmt: skip
 
 
-def calls_at(ratio_32: float, hbm_factor: float = 1.2) -> dict:
-    """Compiled ms per (B, kind): R = 1 and B at hbm_factor x the 4 ms floor, 2B at ratio x B (B = 32)."""
+def calls_at(ratio_32: float, hbm_factor: float = 1.2, blocks=(32, 16, 8)) -> dict:
+    """The plan's calls (2B rows at every B, B rows where 2B of another block) at hbm_factor x the
+    4 ms floor, 2B at ratio x B at B = 32."""
     out = {}
-    for block in (8, 16, 32):
+    for block in blocks:
         base = 4.0 * hbm_factor
-        out |= {(block, "ar"): base, (block, "linear-verify"): base, (block, "packed"): base * (ratio_32 if block == 32 else 1.1)}
-    out[(8, "quadratic")] = 6.0
+        out[(block, "packed")] = base * (ratio_32 if block == 32 else 1.1)
+        if block != 8:
+            out |= {(block, "linear-draft"): base, (block, "linear-verify"): base}
     return out
 
 
-def judge(tmp_path, which: str, reports: dict, cuda: bool = True) -> dict:
+def judge(tmp_path, reports: dict, cuda: bool = True) -> dict:
+    for step in summary.STEPS:
+        (tmp_path / f"{step}.json").unlink(missing_ok=True)
     for step, report in reports.items():
         (tmp_path / f"{step}.json").write_text(json.dumps(report))
-    summary.main(["--out", str(tmp_path), "--pass", which] + (["--cuda"] if cuda else []))
-    checks = json.loads((tmp_path / "gpu_check.json").read_text())["passes"][which]["checks"]
-    return {c["name"]: c for c in checks}
-
-
-def compiled_tiny(graph_calls, skips=0.0, dispatch=100.0) -> dict:
-    return {"table": [{"Schedule": "Packed-SS", "Regime": "eager", "Compiled calls (%)": None, "CUDA-graph calls (%)": None,
-                       "Graph skips": None, "= eager (%)": None},
-                      {"Schedule": "Packed-SS", "Regime": "compiled:reduce-overhead", "Compiled calls (%)": dispatch,
-                       "CUDA-graph calls (%)": graph_calls, "Graph skips": skips, "= eager (%)": 100.0}]}  # fmt: skip
+    summary.main(["--results", str(tmp_path)] + (["--cuda"] if cuda else []))
+    return {c["name"]: c for c in json.loads((tmp_path / "gpu_check.json").read_text())["checks"]}
 
 
 def test_the_8b_checks_pass_on_memory_bound_graph_calls_and_fail_on_each_fault(tmp_path, capsys):
-    good = judge(tmp_path, "2", {"graphs-8b": graphs_report(calls_at(1.1)), "compiled-tiny": compiled_tiny(100.0)})
-    assert {n: c["status"] for n, c in good.items()} == {
-        "compiled-dispatch": "PASS", "cuda-graph-calls": "PASS", "ratio-2B-B-8b": "INFO", "graph-replays-8b": "PASS",
-        "memory-bound-8b": "PASS", "hbm-floor-8b": "PASS"}  # fmt: skip
+    good = judge(tmp_path, {"graphs-8b": graphs_report(calls_at(1.1))})
+    assert {n: good[n]["status"] for n in ("ratio-2B-B-8b", "graph-replays-8b", "memory-bound-8b", "hbm-floor-8b")} == {
+        "ratio-2B-B-8b": "INFO", "graph-replays-8b": "PASS", "memory-bound-8b": "PASS", "hbm-floor-8b": "PASS"}  # fmt: skip
     assert good["memory-bound-8b"]["ratio"] == pytest.approx(1.1)
     assert good["hbm-floor-8b"]["hbm_floor_ms"] == pytest.approx(4.0) and good["hbm-floor-8b"]["copy_gbs"] == 4000.0
     printed = capsys.readouterr().out
     assert "PASS: memory-bound-8b: 8b shape, CUDA graphs: a 2B-row call <= 1.30x a B-row call at B = 32" in printed
-    assert "device-to-device copy 4000.0 GB/s -> HBM floor 4.000 ms" in printed
-    assert "| 1024 | 8 | quadratic | 72 | 6.000 |" in printed  # the B(B+1) row beside R = 1, B and 2B
-    assert judge(tmp_path, "2", {"graphs-8b": graphs_report(calls_at(1.5))})["memory-bound-8b"]["status"] == "FAIL"
-    assert judge(tmp_path, "2", {"graphs-8b": graphs_report(calls_at(1.1, hbm_factor=2.5))})["hbm-floor-8b"]["status"] == "FAIL"
-    assert judge(tmp_path, "2", {"graphs-8b": graphs_report(calls_at(1.1), replays=0)})["graph-replays-8b"]["status"] == "FAIL"
-    assert judge(tmp_path, "2", {"graphs-8b": graphs_report(calls_at(1.1), skips=1)})["graph-replays-8b"]["status"] == "FAIL"
-    assert judge(tmp_path, "2", {"compiled-tiny": compiled_tiny(95.0)})["cuda-graph-calls"]["status"] == "FAIL"
-    assert judge(tmp_path, "2", {"compiled-tiny": compiled_tiny(100.0, skips=2.0)})["cuda-graph-calls"]["status"] == "FAIL"
-    assert judge(tmp_path, "2", {"compiled-tiny": compiled_tiny(100.0, dispatch=90.0)})["compiled-dispatch"]["status"] == "FAIL"
-    assert summary.main(["--out", str(tmp_path), "--pass", "2", "--cuda"]) == 1
+    assert "device-to-device copy 4000.0 GB/s -> HBM floor 4.000 ms" in printed and "C=1024: 64 rows 41" in printed
+    assert "| 1024 | 8 | packed | 16 | 5.280 |" in printed  # B = 8: only Packed-SS's call was timed
+    assert [r["block"] for r in good["ratio-2B-B-8b"]["ratios"]] == [16, 32]
+    assert judge(tmp_path, {"graphs-8b": graphs_report(calls_at(1.5))})["memory-bound-8b"]["status"] == "FAIL"
+    assert judge(tmp_path, {"graphs-8b": graphs_report(calls_at(1.1, hbm_factor=2.5))})["hbm-floor-8b"]["status"] == "FAIL"
+    assert judge(tmp_path, {"graphs-8b": graphs_report(calls_at(1.1), replays=0)})["graph-replays-8b"]["status"] == "FAIL"
+    assert judge(tmp_path, {"graphs-8b": graphs_report(calls_at(1.1), skips=1)})["graph-replays-8b"]["status"] == "FAIL"
+    cut = judge(tmp_path, {"graphs-8b": graphs_report(calls_at(1.1, blocks=(16, 8)))})  # B = 32 never came
+    assert cut["memory-bound-8b"]["status"] == "FAIL" and "no 2B/B ratio at B = 32" in cut["memory-bound-8b"]["detail"]
+    assert cut["hbm-floor-8b"]["status"] == "PASS"  # judged on the calls that were timed
+    assert summary.main(["--results", str(tmp_path), "--cuda"]) == 1
 
 
 def test_a_missing_step_fails_its_checks_and_a_cpu_run_skips_the_cuda_ones_with_a_reason(tmp_path):
-    (tmp_path / "graphs-8b.json").unlink(missing_ok=True)
-    missing = judge(tmp_path, "2", {})
+    missing = judge(tmp_path, {})
     assert {n: c["status"] for n, c in missing.items()} == dict.fromkeys(
-        ("compiled-dispatch", "cuda-graph-calls", "graph-replays-8b", "memory-bound-8b", "hbm-floor-8b"), "FAIL")
+        ("preflight", "fp32-exact", "audit-bf16", "graph-replays-8b", "memory-bound-8b", "hbm-floor-8b", "syncs",
+         "concurrency-runs", "concurrency-audit"), "FAIL")  # fmt: skip
     assert "no result from step graphs-8b" in missing["memory-bound-8b"]["detail"]
-    cpu = graphs_report(calls_at(3.0), replays=None, skips=None) | {"device": "cpu", "compile": "reduce-overhead"}
-    skipped = judge(tmp_path, "2", {"graphs-8b": cpu, "compiled-tiny": compiled_tiny("n/a", "n/a")}, cuda=False)
-    for name in ("cuda-graph-calls", "graph-replays-8b", "memory-bound-8b", "hbm-floor-8b"):
+    cpu = graphs_report(calls_at(3.0), replays=None, skips=None) | {"device": "cpu"}
+    skipped = judge(tmp_path, {"graphs-8b": cpu, "syncs": decode_report("cpu"), "audit-bf16": decode_report("cpu")},
+                    cuda=False)  # fmt: skip
+    for name in ("graph-replays-8b", "memory-bound-8b", "hbm-floor-8b", "syncs", "audit-bf16"):
         assert skipped[name]["status"] == "SKIP" and "no CUDA device" in skipped[name]["detail"], name
-    assert skipped["compiled-dispatch"]["status"] == "PASS"
+    assert skipped["syncs-readbacks-cpu"]["status"] == skipped["audit-bf16-cpu"]["status"] == "PASS"
 
 
-def decode_report(device: str, unexplained: int = 0, syncs_ok: bool = True) -> dict:
+def decode_report(device: str, unexplained: int = 0, numerical: int = 1, syncs_ok: bool = True, done: bool = True) -> dict:
+    """check_decode.py's report: syncs of every schedule, the audit at W = 8, 16, 31 of 10 questions."""
     syncs = [{"schedule": s, "temperature": t, "iterations": 5, "syncs": 6, "syncs_per_iteration": 1.2, "bound": 7,
               "pass": syncs_ok or s != "packed"} for s in ("ar", "linear", "quadratic", "packed") for t in (0.0, 1.0)]  # fmt: skip
-    audit = [{"schedule": s, "width": w, "equal": 9, "numerical": 1 - unexplained, "unexplained": unexplained}
-             for s in ("linear", "quadratic", "packed") for w in (8, 16, 31)]  # fmt: skip
-    return {"device": device, "dtype": "bfloat16", "syncs": syncs, "audit": audit, "failed": []}
+    audit = [{"schedule": s, "width": w, "equal": 10 - numerical - unexplained, "numerical": numerical,
+              "unexplained": unexplained} for s in ("linear", "quadratic", "packed") for w in (8, 16, 31)]  # fmt: skip
+    return {"device": device, "dtype": "bfloat16", "syncs": syncs, "audit": audit, "failed": [], "done": done}
 
 
-def test_the_decode_checks_read_syncs_and_audit_counts(tmp_path):
-    exact = {"table": [{"Schedule": "AR", "Match (%)": 100.0}, {"Schedule": "Packed-SS", "Match (%)": 100.0}]}
-    good = judge(tmp_path, "1", {"decode-bf16": decode_report("cuda"), "exact-fp32": exact})
-    assert good["syncs"]["status"] == "PASS" and good["audit-bf16"]["status"] == "PASS"
-    assert good["fp32-exact"]["status"] == "PASS"
+def test_the_decode_checks_read_syncs_audit_counts_and_float32_exactness(tmp_path):
+    good = judge(tmp_path, {"syncs": decode_report("cuda"), "audit-bf16": decode_report("cuda"),
+                            "audit-fp32": decode_report("cuda", numerical=0)})  # fmt: skip
+    assert good["syncs"]["status"] == good["audit-bf16"]["status"] == good["fp32-exact"]["status"] == "PASS"
     assert "linear W=8: 9/1/0" in good["audit-bf16"]["detail"]
-    assert judge(tmp_path, "1", {"decode-bf16": decode_report("cuda", unexplained=1)})["audit-bf16"]["status"] == "FAIL"
-    assert judge(tmp_path, "1", {"decode-bf16": decode_report("cuda", syncs_ok=False)})["syncs"]["status"] == "FAIL"
-    inexact = {"table": [{"Schedule": "AR", "Match (%)": 100.0}, {"Schedule": "Packed-SS", "Match (%)": 96.7}]}
-    assert judge(tmp_path, "1", {"exact-fp32": inexact})["fp32-exact"]["status"] == "FAIL"
-    cpu = judge(tmp_path, "1", {"decode-bf16": decode_report("cpu")}, cuda=False)
+    assert judge(tmp_path, {"audit-bf16": decode_report("cuda", unexplained=1)})["audit-bf16"]["status"] == "FAIL"
+    assert judge(tmp_path, {"syncs": decode_report("cuda", syncs_ok=False)})["syncs"]["status"] == "FAIL"
+    # float32 must equal AR token for token: a divergence at a near-tie is no excuse there
+    assert judge(tmp_path, {"audit-fp32": decode_report("cuda")})["fp32-exact"]["status"] == "FAIL"
+    cut = judge(tmp_path, {"audit-fp32": decode_report("cuda", numerical=0, done=False)})["fp32-exact"]
+    assert cut["status"] == "FAIL" and "cut short" in cut["detail"]
+    cpu = judge(tmp_path, {"syncs": decode_report("cpu")}, cuda=False)
     assert cpu["syncs"]["status"] == "SKIP" and "set_sync_debug_mode" in cpu["syncs"]["criterion"]
-    assert cpu["syncs-readbacks-cpu"]["status"] == "PASS" and cpu["audit-bf16"]["status"] == "SKIP"
-    assert cpu["audit-bf16-cpu"]["status"] == "PASS"
+
+
+def test_the_preflight_check_passes_on_both_backbones_and_fails_on_a_refusal(tmp_path):
+    versions = {"python": "3.12.3", "torch": "2.11.0+cu130", "cuda": "13.0", "transformers": "5.24.0",
+                "hydra-core": "1.3.8", "omegaconf": "2.3.1", "gpu": "NVIDIA H200"}  # fmt: skip
+    good = {"versions": versions, "line": "versions: ...", "refused": None,
+            "backbones": {"Ministral3Model": "takes 'cache'", "Qwen3Model": "takes 'cache'"}}  # fmt: skip
+    checks = judge(tmp_path, {"preflight": good})
+    assert checks["preflight"]["status"] == "PASS" and checks["versions"]["status"] == "INFO"
+    assert checks["versions"]["gpu"] == "NVIDIA H200"
+    refused = good | {"backbones": {}, "refused": "transformers 5.17.0: Ministral3Model.forward takes no 'cache' keyword"}
+    checks = judge(tmp_path, {"preflight": refused})
+    assert checks["preflight"]["status"] == "FAIL" and "takes no 'cache'" in checks["preflight"]["detail"]
+
+
+def concurrency_report(unexplained: int = 0, responses: int = 16, ratios=(0.7, 1.05)) -> dict:
+    """A gpu_concurrency.py report: AR, Linear-SS and Packed-SS at C = 1, 16 with Packed/Linear `ratios`."""
+    table = []
+    for method in ("AR", "Linear-SS", "Packed-SS"):
+        for c, ratio in zip((1, 16), ratios):
+            table.append({"Method": method, "C": str(c), "Responses": str(responses),
+                          "Time / Linear-SS": "" if method == "Linear-SS" else str(ratio)})  # fmt: skip
+    crossover = [{"Method": "Packed-SS", "Crossover C": "16", "CI above 1": "no"}]
+    return {"limit": 16, "schedules": ["ar", "linear", "packed"], "concurrency": [1, 16], "responses": {}, "done": True,
+            "table": table, "crossover": crossover, "audit": {"Equal": 30, "Numerical": 2, "Unexplained": unexplained}}
+
+
+def test_the_concurrency_checks_pass_on_complete_exact_runs_and_fail_on_each_fault(tmp_path):
+    good = judge(tmp_path, {"concurrency-8b": concurrency_report()})
+    assert good["concurrency-runs"]["status"] == good["concurrency-audit"]["status"] == "PASS"
+    assert good["crossover-8b"]["status"] == "INFO"
+    assert "C=1: 0.7, C=16: 1.05; crossover 16" in good["crossover-8b"]["detail"]
+    assert judge(tmp_path, {"concurrency-8b": concurrency_report(unexplained=1)})["concurrency-audit"]["status"] == "FAIL"
+    assert judge(tmp_path, {"concurrency-8b": concurrency_report(responses=3)})["concurrency-runs"]["status"] == "FAIL"
+    partial = {"limit": 16, "schedules": ["ar"], "concurrency": [1, 16], "done": False, "responses": {"ar-C1.jsonl": 9}}
+    cut = judge(tmp_path, {"concurrency-8b": partial})
+    assert cut["concurrency-runs"]["status"] == "FAIL" and "ar-C1.jsonl: 9" in cut["concurrency-runs"]["detail"]
+
+
+def test_the_summary_lists_every_step_with_its_budget_and_seconds(tmp_path):
+    (tmp_path / "steps.tsv").write_text("wheels\t30\t0\t12\npreflight\t25\t0\t9\ngraphs-8b\t190\t124\t190\n")
+    judge(tmp_path, {})
+    plan = json.loads((tmp_path / "gpu_check.json").read_text())["plan"]
+    assert plan[2] == {"step": "graphs-8b", "budget_s": 190, "rc": 124, "seconds": 190}
+    text = (tmp_path / "summary.md").read_text()
+    assert "| graphs-8b | 190 | 190 | 124 (cut short by its budget) |" in text and "FAIL: memory-bound-8b" in text
+
+
+def test_the_sync_counter_counts_torchs_sync_warnings_and_not_its_notice(monkeypatch):
+    is_sync_warning = check_decode["is_sync_warning"]
+    assert not is_sync_warning(SYNC_NOTICE) and is_sync_warning(SYNC_WARNING)
+    # the CUDA branch of the counter, with the device calls stood in: what torch warns inside the block
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", lambda mode: None)
+    with check_decode["counted_syncs"](torch.device("cuda")) as seen:
+        warnings.warn(SYNC_NOTICE)
+        warnings.warn(SYNC_WARNING)
+        warnings.warn(SYNC_WARNING)
+    assert seen == [SYNC_WARNING, SYNC_WARNING]
+
+
+def test_the_decode_checks_write_each_row_as_it_is_measured(tmp_path, monkeypatch):
+    real, calls = check_decode["decode_ltr"], []
+
+    def decode_then_stop(*args, **kwargs):  # the step's budget runs out at the third decode
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setitem(check_decode["main"].__globals__, "decode_ltr", decode_then_stop)
+    out = tmp_path / "audit.json"
+    with pytest.raises(KeyboardInterrupt):
+        check_decode["main"](["--device", "cpu", "--dtype", "float32", "--checks", "audit", "--exact", "--limit", "1",
+                              "--widths", "1,2", "--max-new-tokens", "4", "--json", str(out)])  # fmt: skip
+    report = json.loads(out.read_text())  # AR's reference, then linear at W = 1: one row, kept
+    assert report["done"] is False and [(a["schedule"], a["width"]) for a in report["audit"]] == [("linear", 1)]
+    assert report["audit"][0]["equal"] == 1 and report["audit"][0]["pass"]
+
+
+def test_the_calls_step_times_the_rows_asked_for_and_writes_its_json_after_each_block(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "graphs.json"
+    argv = ["--shape", "test", "--device", "cpu", "--blocks", "2,1", "--prefix", "3", "--warmup", "0", "--iters", "1",
+            "--compile", "default", "--stream-mib", "1", "--json", str(out)]  # fmt: skip
+    assert gpu_calls["main"](argv) == 0
+    printed = capsys.readouterr().out
+    report = json.loads(out.read_text())
+    run = report["runs"]["packedss"]
+    assert report["rows"] == [2, 4]  # 2B of each block: two compilations
+    assert sorted((c["block"], c["kind"]) for c in run["calls"]) == [
+        (1, "packed"), (1, "quadratic"), (2, "linear-draft"), (2, "linear-verify"), (2, "packed")]  # fmt: skip
+    assert sorted(run["compile_s"]) == ["C=3: 2 rows", "C=3: 4 rows"]
+    assert [r["block"] for r in run["ratios_2B_B"]] == [2]  # B = 1 timed no B-row call
+    for c in run["calls"]:
+        assert c["compiled_hbm"] == pytest.approx(c["compiled_ms"] / c["hbm_floor_ms"])
+        assert c["graph_replays_min"] is None and c["cudagraph_skips"] is None  # no CUDA graphs on a CPU
+    assert "| C | B | eager 2B / B | compiled 2B / B |" in printed
+
+    def stopped_after_the_first_block(*args, on_result, **kwargs):
+        on_result([{"prefix": 3, "block": 2, "kind": "packed", "compiled_floor": 2.0, "ratio": 0.5}], {"C=3: 4 rows": 1.0})
+        raise KeyboardInterrupt  # the step's budget ran out
+
+    out.unlink()
+    monkeypatch.setitem(gpu_calls["main"].__globals__, "bench_compiled", stopped_after_the_first_block)
+    with pytest.raises(KeyboardInterrupt):
+        gpu_calls["main"](argv)
+    kept = json.loads(out.read_text())["runs"]["packedss"]
+    assert [c["block"] for c in kept["calls"]] == [2] and kept["compile_s"] == {"C=3: 4 rows": 1.0}
+    capsys.readouterr()
+    for bad, message in ((["--shape", "tset"], "error: unknown --shape tset (did you mean test?)"),
+                         (["--blocks", "2", "--rows", "3"], "error: --rows 3: no call of the block sizes 2 has that"),
+                         (["--blocks", "2,8", "--rows", "4"], "error: --blocks 8: no call of that block has a row count")):  # fmt: skip
+        with pytest.raises(SystemExit) as stopped:
+            gpu_calls["main"](["--device", "cpu", "--json", str(out), "--shape", "test", *bad])
+        err = capsys.readouterr().err.strip()
+        assert stopped.value.code == 2 and err.startswith(message) and len(err.splitlines()) == 1
+
+
+def test_the_concurrency_step_keeps_the_responses_of_a_sweep_cut_short(tmp_path, monkeypatch):
+    records = tmp_path / "run" / "records"
+
+    def sweep_cut_short(command, **kwargs):
+        records.mkdir(parents=True, exist_ok=True)
+        (records / "ar-C1.jsonl").write_text('{"a": 1}\n{"a": 2}\n{"torn": ')  # the third is being written
+        raise KeyboardInterrupt  # the step's budget ran out
+
+    monkeypatch.setitem(gpu_concurrency["main"].__globals__, "subprocess", SimpleNamespace(run=sweep_cut_short))
+    out = tmp_path / "concurrency.json"
+    with pytest.raises(KeyboardInterrupt):
+        gpu_concurrency["main"](["--device", "cpu", "--shape", "test", "--concurrency", "1,16", "--schedules",
+                                 "ar,linear,packed", "--out", str(tmp_path / "run"), "--json", str(out)])  # fmt: skip
+    report = json.loads(out.read_text())
+    assert report["done"] is False and report["responses"] == {"ar-C1.jsonl": 2}
+
+
+def plan_of(env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SCRIPT)], env={**os.environ, "PY": sys.executable, "PLAN": "1", **env},
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def check_plan(stdout: str) -> int:
+    """The plan's lines: every step with its budget, then the plan line; returns the budgets' sum."""
+    budgets = dict(re.findall(r"^  (\S+) +(\d+) s  ", stdout, re.M))
+    assert list(budgets) == PLAN_STEPS, stdout
+    total = sum(map(int, budgets.values()))
+    assert f"\nplan: {len(PLAN_STEPS)} steps, budgets sum to {total} s\n" in stdout and total <= WINDOW_S
+    return total
+
+
+def test_the_plan_fits_the_window_and_is_the_same_for_a_dry_run():
+    gpu, dry = plan_of({}), plan_of({"DRY": "1"})
+    assert gpu.returncode == dry.returncode == 0, gpu.stderr + dry.stderr
+    assert check_plan(gpu.stdout) == check_plan(dry.stdout)
+    assert "--shape nemotron8b --compile reduce-overhead --blocks 32,16,8" in gpu.stdout  # 3 blocks: 3 compiles
+    assert "--concurrency 1,16" in gpu.stdout and "--shape test" in dry.stdout
 
 
 def test_bad_input_is_one_error_line_and_status_2(tmp_path):
     run = lambda env: subprocess.run(["bash", str(SCRIPT)], env={**os.environ, "PY": sys.executable, **env},  # noqa: E731
                                      capture_output=True, text=True, timeout=120)  # fmt: skip
-    for env, message in (({"PASS": "eager"}, "error: PASS=eager is not a pass; use PASS=1, PASS=2, PASS=3 or PASS=all"),
+    (tmp_path / "empty").mkdir()
+    for env, message in (({"PASS": "1"}, "error: PASS=1: the check is one plan now (no passes); unset PASS"),
                          ({"DRY": "yes"}, "error: DRY=yes; use DRY=1"),
+                         ({"PLAN": "2"}, "error: PLAN=2; use PLAN=1"),
                          ({"COMPILE": "none"}, "error: COMPILE=none; use reduce-overhead"),
                          ({"PY": str(tmp_path / "no-python")}, "error: no Python found"),
-                         ({"OUT": "/proc/gpu_check"}, "error: cannot write to OUT=/proc/gpu_check")):  # fmt: skip
+                         ({"WHEELS": str(tmp_path / "nowhere")}, "is not a folder; give the folder scripts/gpu_wheels.sh"),
+                         ({"WHEELS": str(tmp_path / "empty")}, "holds no .whl files"),
+                         ({"DRY": "1", "RESULTS": "/proc/gpu_check"}, "error: cannot write to RESULTS=/proc/gpu_check"),
+                         ({"DRY": "1", "RESULTS": str(tmp_path / "r"), "OUT": "/proc/out"}, "error: cannot write to OUT"),
+                         ({"DRY": "1", "RESULTS": str(tmp_path / "r"), "OUT": str(tmp_path / "r")},
+                          "error: OUT and RESULTS are the same folder")):  # fmt: skip
         done = run(env)
-        assert done.returncode == 2 and done.stderr.strip().startswith(message), (env, done.stderr)
+        assert done.returncode == 2 and message in done.stderr and done.stderr.startswith("error: "), (env, done.stderr)
         assert len(done.stderr.strip().splitlines()) == 1 and "; " in done.stderr  # what was wrong; how to fix it
-    done = subprocess.run([sys.executable, str(PROJECT_ROOT / "scripts" / "gpu_summary.py"), "--out",
-                           str(tmp_path / "absent"), "--pass", "1"], capture_output=True, text=True)  # fmt: skip
-    assert done.returncode == 2 and done.stderr.strip().startswith("error: --out ") and "is not a folder" in done.stderr
-    done = subprocess.run([sys.executable, str(PROJECT_ROOT / "scripts" / "gpu_summary.py"), "--out", str(tmp_path),
-                           "--pass", "4"], capture_output=True, text=True)  # fmt: skip
-    assert done.returncode == 2 and done.stderr.strip().startswith("error: argument --pass: invalid choice")
+    # no CUDA device: the preflight refuses; the verdicts and the packing still come, then the one line
+    done = run({"RESULTS": str(tmp_path / "r"), "OUT": str(tmp_path / "o")})
+    if not torch.cuda.is_available():
+        assert done.returncode == 2 and done.stderr.startswith("error: no CUDA device visible to torch"), done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1
+        assert sorted(p.name for p in (tmp_path / "o").iterdir()) == ["gpu_check.json", "gpu_check.tar.gz", "summary.md"]
+    done = subprocess.run([sys.executable, str(PROJECT_ROOT / "scripts" / "gpu_summary.py"), "--results",
+                           str(tmp_path / "absent")], capture_output=True, text=True)  # fmt: skip
+    assert done.returncode == 2 and done.stderr.strip().startswith("error: --results ") and "is not a folder" in done.stderr
 
 
-def test_compiled_calls_time_quadratic_only_at_the_blocks_asked_for_and_give_2b_over_b(tmp_path, capsys):
-    out = tmp_path / "graphs.json"
-    argv = ["--shape", "test", "--device", "cpu", "--blocks", "1,2", "--quadratic-blocks", "1", "--prefix", "3",
-            "--warmup", "0", "--iters", "1", "--compile", "default", "--stream-mib", "1", "--json", str(out)]  # fmt: skip
-    assert gpu_calls.main(argv) == 0
-    printed = capsys.readouterr().out
-    run = json.loads(out.read_text())["runs"]["packedss"]
-    kinds = sorted((c["block"], c["kind"]) for c in run["calls"])
-    assert (1, "quadratic") in kinds and (2, "quadratic") not in kinds
-    assert sorted(run["compile_s"]) == ["C=3: 1 rows", "C=3: 2 rows", "C=3: 4 rows"]
-    by = {(c["block"], c["kind"]): c for c in run["calls"]}
-    assert [r["block"] for r in run["ratios_2B_B"]] == [1, 2]
-    for r in run["ratios_2B_B"]:
-        packed, verify = by[(r["block"], "packed")], by[(r["block"], "linear-verify")]
-        assert r["eager"] == pytest.approx(packed["eager_ms"] / verify["eager_ms"])
-        assert r["compiled"] == pytest.approx(packed["compiled_ms"] / verify["compiled_ms"])
-    for c in run["calls"]:
-        assert c["compiled_hbm"] == pytest.approx(c["compiled_ms"] / c["hbm_floor_ms"])
-        assert c["compiled_gbs"] == pytest.approx(c["weight_bytes"] / c["compiled_ms"] * 1e-6)
-        assert c["graph_replays_min"] is None and c["cudagraph_skips"] is None  # no CUDA graphs on a CPU
-    assert "| C | B | eager 2B / B | compiled 2B / B |" in printed and "device-to-device copy" in printed
-    capsys.readouterr()
-    for bad, message in ((["--shape", "tset"], "error: unknown --shape tset (did you mean test?)"),
-                         (["--blocks", "2", "--quadratic-blocks", "3"],
-                          "error: --quadratic-blocks 3 not all among the block sizes 2")):  # fmt: skip
-        with pytest.raises(SystemExit) as stopped:
-            gpu_calls.main(["--device", "cpu", "--json", str(out), "--shape", "test", *bad])
-        err = capsys.readouterr().err.strip()
-        assert stopped.value.code == 2 and err.startswith(message) and len(err.splitlines()) == 1
+def test_the_wheels_script_refuses_bad_arguments_in_one_line(tmp_path):
+    script = PROJECT_ROOT / "scripts" / "gpu_wheels.sh"
+    (tmp_path / "file").write_text("")
+    for argv, env, message in ((["a", "b"], {}, "error: too many arguments (a b); give at most one folder"),
+                               ([str(tmp_path / "file")], {}, "is a file; give a folder for the wheels"),
+                               ([str(tmp_path / "w")], {"PY": str(tmp_path / "nope")}, "error: no Python at PY="),
+                               ([str(tmp_path / "w")], {"PY": str(tmp_path / "file")}, "error: no Python at PY=")):  # fmt: skip
+        done = subprocess.run(["bash", str(script), *argv], env={**os.environ, **env}, capture_output=True, text=True,
+                              timeout=60)  # fmt: skip
+        assert done.returncode == 2 and done.stderr.startswith("error: ") and message in done.stderr, done.stderr
+        assert len(done.stderr.splitlines()) == 1
 
 
-@pytest.mark.slow
-def test_the_dry_run_goes_through_on_the_cpu(tmp_path):
+def dry_run(tmp_path, python: str, env: dict) -> dict:
+    """DRY=1 gpu_check.sh end to end with `python`: the plan line, every step run, every check as
+    the CPU allows, at most 8 packed files. Returns the summary."""
     started = time.monotonic()
-    env = {**os.environ, "DRY": "1", "PY": sys.executable, "OUT": str(tmp_path)}
+    results, out = tmp_path / "results", tmp_path / "out"
+    env = {**env, "DRY": "1", "PY": python, "RESULTS": str(results), "OUT": str(out), "MPLCONFIGDIR": str(tmp_path / "mpl")}
     done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == f"gpu_check: all checks passed; results in {tmp_path}"
-    report = json.loads((tmp_path / "gpu_check.json").read_text())
-    checks = {c["name"]: c for which in ("1", "2") for c in report["passes"][which]["checks"]}
-    passed = ("fp32-exact", "syncs-readbacks-cpu", "audit-bf16-cpu", "compiled-dispatch")
-    skipped = ("syncs", "audit-bf16", "graph-replays-3b", "graph-replays-8b", "memory-bound-8b", "hbm-floor-8b",
-               "cuda-graph-calls")  # fmt: skip
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert check_plan(done.stdout) <= WINDOW_S
+    assert done.stdout.strip().splitlines()[-1] == f"gpu_check: all checks passed; results in {results}, packed in {out}"
+    ran = [line.split("\t") for line in (results / "steps.tsv").read_text().splitlines()]
+    assert [row[0] for row in ran] == PLAN_STEPS and all(row[2] == "0" for row in ran), ran
+    packed = sorted(p.name for p in out.iterdir())
+    assert packed == ["gpu_check.json", "gpu_check.tar.gz", "summary.md"] and len(packed) <= 8
+    assert all((out / name).stat().st_size < 16 * 2**20 for name in packed)
+    report = json.loads((out / "gpu_check.json").read_text())
+    checks = {c["name"]: c for c in report["checks"]}
+    passed = ("preflight", "fp32-exact", "audit-bf16-cpu", "syncs-readbacks-cpu", "concurrency-runs", "concurrency-audit")
+    skipped = ("audit-bf16", "graph-replays-8b", "memory-bound-8b", "hbm-floor-8b", "syncs")
     for name in passed:
         assert checks[name]["status"] == "PASS", checks[name]
         assert f"PASS: {name}: {checks[name]['criterion']}" in done.stdout
     for name in skipped:
         assert checks[name]["status"] == "SKIP" and "no CUDA device" in checks[name]["detail"], checks[name]
-    assert all(c["criterion"] for c in checks.values())
-    graphs = report["passes"]["2"]["steps"]["graphs-8b"]["runs"]["packedss"]
-    rows = {c["kind"]: c["rows"] for c in graphs["calls"]}
-    assert rows == {"ar": 1, "linear-draft": 1, "linear-verify": 1, "packed": 2, "quadratic": 2}  # DRY: B = 1
-    for c in graphs["calls"]:
-        assert c["copy_gbs"] > 0 and c["hbm_floor_ms"] > 0 and c["compiled_gbs"] > 0 and c["products_ms"] > 0
-    assert [r["block"] for r in graphs["ratios_2B_B"]] == [1]
-    audit = report["passes"]["1"]["steps"]["decode-bf16"]["audit"]
-    assert audit and all(a["unexplained"] == 0 for a in audit)
+    graphs = report["steps"]["graphs-8b"]["runs"]["packedss"]
+    assert sorted(graphs["compile_s"]) == ["C=8: 2 rows", "C=8: 4 rows"]  # DRY: B = 2, 1, one compilation each
+    assert [r["block"] for r in graphs["ratios_2B_B"]] == [2]
     print(f"DRY=1 gpu_check: {time.monotonic() - started:.0f} s")
-
-
-def concurrency_report(unexplained: int = 0, responses: int = 4, ratios=(0.7, 0.9, 1.05)) -> dict:
-    """A gpu_concurrency.py report: four schedules at C = 1, 4, 16 with Packed/Linear `ratios`."""
-    table = []
-    for method in ("AR", "Linear-SS", "Packed-SS", "Quadratic-SS"):
-        for c, ratio in zip((1, 4, 16), ratios):
-            table.append({"Method": method, "C": str(c), "Responses": str(responses),
-                          "Time / Linear-SS": "" if method == "Linear-SS" else str(ratio)})  # fmt: skip
-    crossover = [{"Method": "Packed-SS", "Crossover C": "16", "CI above 1": "no"}]
-    return {"limit": 4, "schedules": ["ar", "linear", "packed", "quadratic"], "concurrency": [1, 4, 16],
-            "table": table, "crossover": crossover, "audit": {"Equal": 30, "Numerical": 2, "Unexplained": unexplained}}
-
-
-def test_the_concurrency_checks_pass_on_complete_exact_runs_and_fail_on_each_fault(tmp_path, capsys):
-    good = judge(tmp_path, "3", {"concurrency-8b": concurrency_report()})
-    assert good["concurrency-runs"]["status"] == good["concurrency-audit"]["status"] == "PASS"
-    assert good["crossover-8b"]["status"] == "INFO"
-    assert "C=1: 0.7, C=4: 0.9, C=16: 1.05; crossover 16" in good["crossover-8b"]["detail"]
-    assert judge(tmp_path, "3", {"concurrency-8b": concurrency_report(unexplained=1)})["concurrency-audit"]["status"] == "FAIL"
-    assert judge(tmp_path, "3", {"concurrency-8b": concurrency_report(responses=3)})["concurrency-runs"]["status"] == "FAIL"
-    (tmp_path / "concurrency-8b.json").unlink()
-    assert judge(tmp_path, "3", {})["concurrency-runs"]["status"] == "FAIL"
+    return report
 
 
 @pytest.mark.slow
-def test_the_dry_concurrency_pass_goes_through_on_the_cpu(tmp_path):
-    env = {**os.environ, "DRY": "1", "PASS": "3", "PY": sys.executable, "OUT": str(tmp_path)}
-    done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=900)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    checks = {c["name"]: c for c in json.loads((tmp_path / "gpu_check.json").read_text())["passes"]["3"]["checks"]}
-    assert checks["concurrency-runs"]["status"] == checks["concurrency-audit"]["status"] == "PASS"
-    assert checks["crossover-8b"]["status"] == "INFO" and "crossover" in checks["crossover-8b"]["detail"]
-    report = json.loads((tmp_path / "concurrency-8b.json").read_text())
-    assert sorted({row["C"] for row in report["table"]}) == ["1", "2"]
-    assert len(list((tmp_path / "concurrency-8b" / "records").rglob("*-C2-*.jsonl"))) == 4
+def test_the_dry_run_goes_through_on_the_cpu(tmp_path):
+    report = dry_run(tmp_path, sys.executable, {k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    assert report["steps"]["preflight"]["versions"]["transformers"] == __import__("transformers").__version__

@@ -72,10 +72,14 @@ def unknown_key_message(full_key: str, valid) -> str:
 
 
 def hydra_message(err: BaseException) -> Optional[str]:
-    """One line for a Hydra composition or OmegaConf error; None when `err` is neither."""
-    from hydra.errors import HydraException, MissingConfigException, OverrideParseException
-    from omegaconf import DictConfig
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+    """One line for a Hydra composition or OmegaConf error; None when `err` is neither (and when
+    they are not installed: then no error can be theirs)."""
+    try:
+        from hydra.errors import HydraException, MissingConfigException, OverrideParseException
+        from omegaconf import DictConfig
+        from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException, ValidationError
+    except ImportError:
+        return None
 
     if isinstance(err, MissingConfigException):
         found = re.search(r"Could not find '([^']+)'", str(err))

@@ -19,14 +19,14 @@ the public Ministral-3 text configs the Nemotron-Labs-Diffusion models are built
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
-import time
-from pathlib import Path
+from collections.abc import Callable, Collection
 
 import torch
-from torch import nn
 
+from packedss.benchmark.floors import Products, Timer, achieved_gbs, floor_entries, floor_fields, round_robin
 from packedss.decoding.calls import causal_segment, draft_block, pack
 from packedss.decoding.schedules import packed_call, quadratic_call
 from packedss.models.adapter import BackboneAdapter
@@ -36,210 +36,6 @@ from packedss.models.static import end_warmup, static_twin
 PAPER_TABLE5_MS = {"linear": 54.41, "packed": 28.58, "quadratic": 28.90}  # Nemotron 8B GSM8K
 KINDS = ("linear-draft", "linear-verify", "packed", "quadratic")
 COMPILE_KINDS = ("ar", *KINDS)
-
-
-class Timer:
-    """Times `adapter.run` calls: CUDA events on a GPU (read after one synchronize), else the host
-    clock around run + synchronize. Every call is cropped back after it (commit(0)). Under CUDA
-    graphs (a static twin in `reduce-overhead` mode, after its warm-up) each call's CUDA-graph
-    replays and cudagraph skips (packedss.models.graphs) are kept in `replays` and `skips`; they
-    stay empty on any other path (eager, or no CUDA: nothing replays a graph there)."""
-
-    def __init__(self, adapter: BackboneAdapter):
-        self.adapter = adapter
-        self.cuda = adapter.device.type == "cuda"
-        self.replays: list[int] = []
-        self.skips: list[int] = []
-
-    def one(self, call):
-        """The seconds of one call (on CUDA: its pair of events, read by `seconds`)."""
-        if self.cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            self.adapter.run(call)
-            end.record()
-            self._graph_stats()
-            self.adapter.commit(0)
-            return start, end
-        t0 = time.perf_counter()
-        self.adapter.run(call)
-        self.adapter.synchronize()
-        elapsed = time.perf_counter() - t0
-        self._graph_stats()
-        self.adapter.commit(0)
-        return elapsed
-
-    def _graph_stats(self) -> None:
-        stats = self.adapter.call_stats
-        if "graph_replays" in stats:
-            self.replays.append(int(stats["graph_replays"]))
-            self.skips.append(int(stats.get("cudagraph_skips", 0)))
-
-    def seconds(self, measured: list) -> list[float]:
-        if not self.cuda:
-            return measured
-        torch.cuda.synchronize(self.adapter.device)
-        return [start.elapsed_time(end) / 1000.0 for start, end in measured]
-
-
-class _TimedWork:
-    """A piece of work timed beside the calls in their round robin: `_run` on the adapter's
-    device, timed like the calls (CUDA events or a synchronized host clock)."""
-
-    timer: Timer
-
-    def one(self, call):
-        with torch.inference_mode():
-            if self.timer.cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                self._run()
-                end.record()
-                return start, end
-            t0 = time.perf_counter()
-            self._run()
-            self.timer.adapter.synchronize()
-            return time.perf_counter() - t0
-
-    def seconds(self, measured: list) -> list[float]:
-        return self.timer.seconds(measured)
-
-
-class Products(_TimedWork):
-    """Times the matrix products of a call of R rows alone: every linear layer of the backbone and
-    the head applied to an (R, in_features) input, with the model's own weights and BLAS, one
-    dispatch each (about a microsecond apiece on a CPU). The arithmetic a call cannot shed however
-    lean the rest of it is; `seconds` reads its measurements like Timer's."""
-
-    def __init__(self, adapter: BackboneAdapter, rows: int):
-        self.weights = linear_weights(adapter)
-        gen = torch.Generator().manual_seed(rows)
-        self.inputs = [torch.randn((rows, w.shape[1]), generator=gen).to(w.device, w.dtype) for w in self.weights]
-        self.timer = Timer(adapter)
-
-    def _run(self) -> None:
-        for x, weight in zip(self.inputs, self.weights):
-            torch.nn.functional.linear(x, weight)
-
-
-def linear_weights(adapter: BackboneAdapter) -> list[torch.Tensor]:
-    """The weights a call streams: every linear layer of the backbone and the head (the embedding
-    is a gather of R rows, the norms are vectors)."""
-    return [m.weight for m in adapter.backbone.modules() if isinstance(m, nn.Linear)] + [adapter.head.weight]
-
-
-def last_level_cache_bytes() -> int:
-    """The largest CPU cache sysfs reports (0 when it reports none)."""
-    sizes = []
-    for path in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
-        text = path.read_text().strip().upper()
-        scale = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
-        sizes.append(int(text.rstrip("KMG") or 0) * scale)
-    return max(sizes, default=0)
-
-
-def stream_min_bytes() -> int:
-    """What the floor's products cover by default: 4x the last-level cache, at least 1 GiB."""
-    return max(2**30, 4 * last_level_cache_bytes())
-
-
-class Stream(_TimedWork):
-    """The weight-streaming floor: one-row products (`F.linear` of a (1, in) input) over weight
-    matrices of the model's own shapes and dtype, more of them in total than any cache holds (the
-    model's own weights, cycled through copies while they sum to less than `min_bytes`), one pass
-    per timed call. `gbs(seconds)` is the bandwidth of a pass; a call that streams `weight_bytes`
-    at that bandwidth takes `weight_bytes / gbs` (its floor): what it spends beyond is its own."""
-
-    def __init__(self, adapter: BackboneAdapter, min_bytes: int):
-        own = linear_weights(adapter)
-        self.weight_bytes = sum(w.numel() * w.element_size() for w in own)
-        self.weights, total, k = list(own), self.weight_bytes, 0
-        while total < min_bytes:
-            copy = own[k % len(own)].clone()
-            self.weights.append(copy)
-            total += copy.numel() * copy.element_size()
-            k += 1
-        self.bytes = total
-        self.inputs = {w.shape[1]: torch.randn((1, w.shape[1])).to(w.device, w.dtype) for w in self.weights}
-        self.timer = Timer(adapter)
-
-
-    def _run(self) -> None:
-        for weight in self.weights:
-            torch.nn.functional.linear(self.inputs[weight.shape[1]], weight)
-
-    def gbs(self, seconds: float) -> float:
-        return self.bytes / seconds / 1e9
-
-
-class RawRead(_TimedWork):
-    """The raw read bandwidth: one float32 sum over a buffer of `nbytes` (beside the floor)."""
-
-    def __init__(self, adapter: BackboneAdapter, nbytes: int):
-        self.buffer = torch.ones(nbytes // 4, dtype=torch.float32, device=adapter.device)
-        self.bytes = self.buffer.numel() * 4
-        self.timer = Timer(adapter)
-
-    def _run(self) -> None:
-        self.buffer.sum()
-
-    def gbs(self, seconds: float) -> float:
-        return self.bytes / seconds / 1e9
-
-
-class DeviceCopy(_TimedWork):
-    """The device's copy bandwidth: one device-to-device copy of (the first GiB of) RawRead's buffer
-    into a buffer of its size. A copy reads and writes every byte, so `gbs` counts twice the buffer's bytes (the
-    convention of CUDA's bandwidthTest). The HBM floor of a call is its weight bytes at this
-    bandwidth: no kernel streams the weights faster than the device copies memory."""
-
-    def __init__(self, raw: RawRead, max_bytes: int = 2**30):
-        self.source = raw.buffer[: min(raw.bytes, max_bytes) // 4]  # 1 GiB is far past any device cache
-        self.target = torch.empty_like(self.source)
-        self.bytes = self.source.numel() * 4
-        self.timer = raw.timer
-
-    def _run(self) -> None:
-        self.target.copy_(self.source)
-
-    def gbs(self, seconds: float) -> float:
-        return 2 * self.bytes / seconds / 1e9
-
-
-def floor_entries(adapter: BackboneAdapter, min_bytes: int) -> dict:
-    """The round-robin entries of the floor, the raw read and the device copy, measured beside the calls."""
-    stream = Stream(adapter, min_bytes)
-    raw = RawRead(adapter, stream.bytes)
-    return {("floor",): (stream, None), ("raw",): (raw, None), ("copy",): (DeviceCopy(raw), None)}
-
-
-def floor_fields(entries: dict, times: dict) -> dict:
-    """The floors of a call (ms: the products floor of one-row products, the HBM floor of the
-    device copy) and the three bandwidths (GB/s) from one round robin's times."""
-    stream, raw, copy = (entries[(key,)][0] for key in ("floor", "raw", "copy"))
-    stream_gbs = stream.gbs(statistics.median(times[("floor",)]))
-    copy_gbs = copy.gbs(statistics.median(times[("copy",)]))
-    return {"floor_ms": 1000 * stream.weight_bytes / (stream_gbs * 1e9), "stream_gbs": stream_gbs,
-            "raw_gbs": raw.gbs(statistics.median(times[("raw",)])), "copy_gbs": copy_gbs,
-            "hbm_floor_ms": 1000 * stream.weight_bytes / (copy_gbs * 1e9), "weight_bytes": stream.weight_bytes,
-            "stream_bytes": stream.bytes}  # fmt: skip
-
-
-def achieved_gbs(weight_bytes: int, ms: float) -> float:
-    """The bandwidth a call achieves: the weight bytes it streams over its time (GB/s)."""
-    return weight_bytes / (ms / 1000) / 1e9
-
-
-def round_robin(entries: dict, warmup: int, iters: int) -> dict:
-    """key -> seconds of `iters` calls, for `entries` = {key: (timer, call)} timed A B C D A B C D
-    ... after `warmup` untimed rounds, so that a drift of the machine hits every entry alike."""
-    measured = {key: [] for key in entries}
-    for i in range(warmup + iters):
-        for key, (timer, call) in entries.items():
-            value = timer.one(call)
-            if i >= warmup:
-                measured[key].append(value)
-    return {key: entries[key][0].seconds(values) for key, values in measured.items()}
 
 
 def iteration_calls(adapter: BackboneAdapter, block: int, position: int, kinds=KINDS) -> dict:
@@ -302,49 +98,51 @@ def bench(adapter: BackboneAdapter, blocks: list[int], prefixes: list[int], warm
     return results
 
 
-def compiled_kinds(block: int, quadratic_blocks: list[int] | None) -> tuple[str, ...]:
-    """The call kinds timed at block size B: all of COMPILE_KINDS, quadratic's B(B+1) rows only at
-    `quadratic_blocks` (None: at every B)."""
-    keep = quadratic_blocks is None or block in quadratic_blocks
-    return tuple(kind for kind in COMPILE_KINDS if keep or kind != "quadratic")
+def call_rows(kind: str, block: int) -> int:
+    """The rows of a call of `kind` at block size B (Packed-SS with its verify rows padded)."""
+    return {"ar": 1, "linear-draft": block, "linear-verify": block, "packed": 2 * block,
+            "quadratic": block * (block + 1)}[kind]  # fmt: skip
+
+
+def compiled_kinds(block: int, rows: Collection[int] | None) -> tuple[str, ...]:
+    """The call kinds timed at block size B: those of COMPILE_KINDS whose row count is among
+    `rows` (None: all of them). Each row count is one compilation."""
+    return tuple(kind for kind in COMPILE_KINDS if rows is None or call_rows(kind, block) in rows)
 
 
 def bench_compiled(adapter: BackboneAdapter, mode: str, blocks: list[int], prefixes: list[int], warmup: int,
-                   iters: int, stream_bytes: int,
-                   quadratic_blocks: list[int] | None = None) -> tuple[list[dict], dict[str, float]]:  # fmt: skip
+                   iters: int, stream_bytes: int, rows: Collection[int] | None = None,
+                   on_result: Callable[[list[dict], dict[str, float]], None] | None = None,
+                   ) -> tuple[list[dict], dict[str, float]]:  # fmt: skip
     """Eager calls of `adapter` against the same calls on the static path compiled with `mode`,
     against the matrix products of their row count alone (Products), against the
     weight-streaming floor (Stream; and the raw read bandwidth, RawRead) and against the HBM floor
     (the weight bytes at the device-to-device copy bandwidth, DeviceCopy), timed round-robin in
     this process. Each (C, R) gets a static twin of C + R rows, so that the compiled call attends
-    the same C + R columns as the eager one; its shape is compiled first (two untimed calls), then
-    compilation is closed. Quadratic's B(B+1)-row call is timed at `quadratic_blocks` only (None:
-    every B): each row count is one more compilation. Under CUDA graphs every compiled call's
-    graph replays and cudagraph skips are counted (`graph_replays_min`, `cudagraph_skips`; None
-    where no graph can replay). Returns the per-call results and the compile seconds per shape."""
+    the same C + R columns as the eager one; its shape is compiled (two untimed calls, then
+    compilation is closed) when the first block that needs it comes, so the blocks are measured
+    in the order given and a block's results never wait for a later block's compilation. Only
+    the calls whose row count is among `rows` are timed (None: every call of COMPILE_KINDS): each
+    row count is one compilation. Under CUDA graphs every compiled call's graph replays and
+    cudagraph skips are counted (`graph_replays_min`, `cudagraph_skips`; None where no graph can
+    replay). `on_result(results, compile_s)` is called with everything measured so far after
+    each (C, B). Returns the per-call results and the compile seconds per shape."""
     results, compile_s, eager = [], {}, Timer(adapter)
     floor = floor_entries(adapter, stream_bytes)
     for prefix in prefixes:
-        calls = {block: iteration_calls(adapter, block, prefix, compiled_kinds(block, quadratic_blocks)) for block in blocks}
         timers = {}
-        for call in (call for by_kind in calls.values() for call in by_kind.values()):
-            if call.rows in timers:
-                continue
-            twin = static_twin(adapter, mode, prefix + call.rows, max_graphs=1)
-            prefill(twin, prefix)
-            for _ in range(2):  # the second sighting of a shape compiles it
-                twin.run(call)
-                twin.commit(0)
-            compile_s[f"C={prefix}: {call.rows} rows"] = end_warmup(twin)[f"{call.rows} rows"]
-            timers[call.rows] = Timer(twin)
         prefill(adapter, prefix)
-        for block, by_kind in calls.items():
+        for block in blocks:
+            by_kind = iteration_calls(adapter, block, prefix, compiled_kinds(block, rows))
+            for call in by_kind.values():
+                if call.rows not in timers:
+                    timers[call.rows] = Timer(compiled_twin(adapter, mode, prefix, call, compile_s))
             entries = {}
             for kind, call in by_kind.items():
                 entries[("eager", kind)] = (eager, call)
                 entries[("compiled", kind)] = (timers[call.rows], call)
-            for rows in sorted({call.rows for call in by_kind.values()}):
-                entries[("products", rows)] = (Products(adapter, rows), None)
+            for count in sorted({call.rows for call in by_kind.values()}):
+                entries[("products", count)] = (Products(adapter, count), None)
             times = round_robin(entries | floor, warmup, iters)
             fields = floor_fields(floor, times)
             for kind, call in by_kind.items():
@@ -366,8 +164,23 @@ def bench_compiled(adapter: BackboneAdapter, mode: str, blocks: list[int], prefi
                 _progress(f"  C={prefix:5d} B={block:3d} {kind:14s} rows={call.rows:5d} eager {eager_ms:8.3f} ms "
                           f"compiled {compiled_ms:8.3f} ms products {products_ms:8.3f} ms "
                           f"floor {fields['floor_ms']:8.3f} ms")  # fmt: skip
+            if on_result is not None:
+                on_result(results, compile_s)
         adapter.reset()
     return results, compile_s
+
+
+def compiled_twin(adapter: BackboneAdapter, mode: str, prefix: int, call, compile_s: dict[str, float]):
+    """A static twin of C + R rows for `call` (R rows on a cache of C), its shape compiled in an
+    untimed warm-up; the compile seconds go to `compile_s`."""
+    twin = static_twin(adapter, mode, prefix + call.rows, max_graphs=1)
+    prefill(twin, prefix)
+    for _ in range(2):  # the second sighting of a shape compiles it
+        twin.run(call)
+        twin.commit(0)
+    compile_s[f"C={prefix}: {call.rows} rows"] = end_warmup(twin)[f"{call.rows} rows"]
+    _progress(f"  C={prefix:5d} compiled the {call.rows}-row call in {compile_s[f'C={prefix}: {call.rows} rows']:.1f} s")
+    return twin
 
 
 class Prefill:
@@ -424,8 +237,10 @@ FLOOR_KINDS = ("ar", "linear-draft", "linear-verify", "packed")  # R = 1, B and 
 
 
 def median_ratio(results: list[dict], key: str = "ratio", kinds=None) -> float:
-    """The median over call shapes (of `kinds`, default all) of a per-call ratio (default compiled/eager)."""
-    return statistics.median(r[key] for r in results if kinds is None or r["kind"] in kinds)
+    """The median over call shapes (of `kinds`, default all) of a per-call ratio (default
+    compiled/eager); nan when no call of those kinds was timed."""
+    values = [r[key] for r in results if kinds is None or r["kind"] in kinds]
+    return statistics.median(values) if values else math.nan
 
 
 def render_floor(results: list[dict]) -> list[str]:
@@ -447,11 +262,14 @@ def render_floor(results: list[dict]) -> list[str]:
 def ratios_2b_b(results: list[dict]) -> list[dict]:
     """Per (C, B) of bench_compiled's results: the 2B-row call (packed) over the B-row call
     (linear-verify), eager and compiled. Near 1 when a call's time is its weight reads; near 2
-    when it is its arithmetic; near 1 as well when it is the host's dispatch (eager, small rows)."""
+    when it is its arithmetic; near 1 as well when it is the host's dispatch (eager, small rows).
+    A (C, B) that timed only one of the two calls has no ratio."""
     by = {(r["prefix"], r["block"], r["kind"]): r for r in results}
     out = []
     for prefix, block in sorted({(r["prefix"], r["block"]) for r in results}):
-        packed, verify = by[(prefix, block, "packed")], by[(prefix, block, "linear-verify")]
+        packed, verify = by.get((prefix, block, "packed")), by.get((prefix, block, "linear-verify"))
+        if packed is None or verify is None:
+            continue
         out.append({"prefix": prefix, "block": block, "eager": packed["eager_ms"] / verify["eager_ms"],
                     "compiled": packed["compiled_ms"] / verify["compiled_ms"]})  # fmt: skip
     return out

@@ -32,6 +32,9 @@ question between the decodes: Floor ms/call, and Floor / call (%) the fraction a
 regime and width the measured Packed/Linear throughput ratio is checked against the one predicted
 from the same run's NFE and per-call times (`predict`).
 
+Every run switches reduced-precision reductions off as the runner does
+(packedss.numerics.exact_reductions), so that its match rates compare with the audit's.
+
 Definitions are the paper's (docs/analysis.md §3): aggregate totals; non-model share = Σ(wall - model) /
 Σwall, where wall is the decoder's inclusive time (prompt included) and model the summed
 per-call model time (synchronized host time on CPU, CUDA events on a GPU).
@@ -42,7 +45,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -50,10 +52,12 @@ import torch
 
 from packedss.analysis.bootstrap import N_RESAMPLES, compare
 from packedss.analysis.metrics import SCHEDULE_LABELS
+from packedss.benchmark.loading import load
+from packedss.benchmark.replay import replay_overhead
 from packedss.decoding import Sampling, question_seed
-from packedss.decoding.trace import RecordingModel
 from packedss.families import family_named
 from packedss.models.static import end_warmup, static_capacity, static_twin
+from packedss.numerics import exact_reductions
 from packedss.records import output_hash
 from packedss.tasks.stops import make_stop_check, output_text
 
@@ -104,94 +108,6 @@ class Report:
     floors: dict[str, dict]  # timing model label -> floor ms, GB/s of the floor and of the raw read
     checks: list[dict]  # per (regime, W): measured and predicted Packed/Linear tokens/s
     cost_label: str | None
-
-
-def compose_run_config(overrides: list[str]):
-    """The run config that `python run.py OVERRIDES` would run (Hydra's compose API over conf/)."""
-    from hydra import compose, initialize_config_dir
-
-    from packedss.config import register_configs
-    from packedss.paths import CONF_DIR
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="bench"):
-        return compose(config_name="config", overrides=overrides)
-
-
-def _model_overrides(s: BenchSettings) -> list[str]:
-    if Path(s.model).is_dir():  # a checkpoint directory: read as the tiny model's format and tokenizer
-        directory = Path(s.model).resolve()
-        return ["model=tiny", f"model.path='{directory}'", f"model.name='{directory.name}'", "model.lora=false"]
-    return [f"model={s.model}"] + ([f"model.path='{s.model_path}'"] if s.model_path else [])
-
-
-def load(s: BenchSettings, device: torch.device, dtype: str):
-    """(run config, adapter, tokenizer, label) of the settings' model and task."""
-    from packedss.models import load_model, resolve_path, select_checkpoint
-    from packedss.models.checkpoint import read_config, resolve_dtype
-
-    cfg = compose_run_config(_model_overrides(s) + [f"task={s.task}"])
-    family = family_named(cfg.model.family)
-    path = resolve_path(cfg.model, select_checkpoint(cfg.model, cfg.checkpoint_dirs))
-    if not (s.shape or s.config):
-        adapter, tokenizer = load_model(cfg.model, family, path, device, dtype)
-        return cfg, adapter, tokenizer, cfg.model.name
-    from transformers import AutoTokenizer
-
-    from packedss.benchmark.calls import random_adapter, shape_config
-
-    if family.name != "nemotron":
-        raise SystemExit(f"--shape/--config build random Nemotron-layout weights; {s.model} is a {family.name} model")
-    checkpoint = read_config(path, f"model {cfg.model.name}")
-    eos = checkpoint.get("eos_token_id")
-    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
-    what = s.shape or Path(s.config).name
-    adapter = random_adapter(
-        shape_config(s.shape, s.config), device, resolve_dtype(dtype), vocab_at_least=len(tokenizer),
-        mask_token_id=int(checkpoint["mask_token_id"]),
-        eos_token_ids=tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ()), name=f"random-{what}",
-    )  # fmt: skip
-    return cfg, adapter, tokenizer, f"{cfg.model.name} tokenizer + random {what} weights"
-
-
-class Replay:
-    """A zero-cost model: returns the recorded logits of each call in turn."""
-
-    def __init__(self, log, device, mask_token_id):
-        self.log, self.device, self.mask_token_id, self.index = log, device, mask_token_id, 0
-        self.call_stats: dict[str, int] = {}
-
-    def run(self, call):
-        self.index += 1
-        return self.log[self.index - 1]
-
-    def commit(self, rows):
-        pass
-
-    def reset(self):
-        pass
-
-    def synchronize(self):
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-
-
-def replay_overhead(decode, adapter, jobs, rounds: int = 5) -> float:
-    """The decoder's own time per iteration, in microseconds: every call's logits are recorded
-    with the real model, then the same decodes run again against a model that returns them at no
-    cost (identical control flow), best of `rounds`. `jobs` = [(prompt, settings, stop_check)]."""
-    logs, iterations = [], 0
-    for prompt, settings, stop_check in jobs:
-        recorder = RecordingModel(adapter)
-        iterations += decode(recorder, prompt, settings, stop_check).iterations
-        logs.append([logits for _, logits in recorder.calls])
-    best = math.inf
-    for _ in range(rounds):
-        started = time.perf_counter()
-        for (prompt, settings, stop_check), log in zip(jobs, logs, strict=True):
-            decode(Replay(log, adapter.device, adapter.mask_token_id), prompt, settings, stop_check)
-        best = min(best, time.perf_counter() - started)
-    return 1e6 * best / max(iterations, 1)
 
 
 def _ratio_cell(run: pd.DataFrame, base: pd.DataFrame, n_resamples: int) -> tuple[str, float, float, float]:
@@ -333,9 +249,10 @@ def markdown(table: pd.DataFrame) -> str:
 
 def run(s: BenchSettings) -> Report:
     """Decode the questions with every schedule (and regime, and width), interleaved; the summary table."""
-    from packedss.benchmark.calls import RawRead, Stream, stream_min_bytes
+    from packedss.benchmark.floors import RawRead, Stream, stream_min_bytes
     from packedss.models.cost_twin import CostTwin, build_cost_model, cost_spec
 
+    exact_reductions()  # the runner's arithmetic, so that match rates compare with the audit's
     device = torch.device("cuda" if s.device == "auto" and torch.cuda.is_available() else
                           ("cpu" if s.device == "auto" else s.device))  # fmt: skip
     dtype = ("bfloat16" if device.type == "cuda" else "float32") if s.dtype == "auto" else s.dtype

@@ -1,0 +1,94 @@
+"""The first GPU run, rehearsed on the CPU from an empty environment: a fresh venv gets, with
+--no-index only, torch (the CPU wheel the Makefile installs), the packages the GPU image already
+holds that the check imports (tests/gpu_image_packages.txt, the image's published list), and the
+wheels scripts/gpu_wheels.sh downloads; nothing else. Then `DRY=1 WHEELS=... gpu_check.sh` runs
+with that venv's Python. A missing wheel or an import of a package the image lacks fails here,
+before a GPU minute is spent. Skipped only when the package index cannot be reached."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from packedss.paths import PROJECT_ROOT
+from tests.test_gpu_check import dry_run
+
+# The check's imports among the image's packages, at the image's versions where they are known
+# and matter to transformers (huggingface-hub, tokenizers, safetensors); pip adds their needs.
+IMAGE_IMPORTS = ("numpy", "pandas", "scipy", "matplotlib", "tokenizers==0.23.2", "safetensors==0.8.0",
+                 "huggingface-hub==1.33.0", "pyyaml", "tqdm", "regex", "typer", "psutil", "jinja2", "filelock",
+                 "fsspec", "packaging")  # fmt: skip
+IMAGE_LIST = PROJECT_ROOT / "tests" / "gpu_image_packages.txt"
+
+
+def normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def wheel_name(path: Path) -> str:
+    return normalized(path.name.split("-")[0])
+
+
+def image_packages() -> set[str]:
+    lines = IMAGE_LIST.read_text().splitlines()
+    return {normalized(line) for line in lines if line and not line.startswith("#")}
+
+
+def torch_spec() -> str:
+    """The torch the Makefile installs on a CPU machine (TORCH ?= ...)."""
+    return re.search(r"^TORCH \?= (\S+)", (PROJECT_ROOT / "Makefile").read_text(), re.M).group(1)
+
+
+def pip(python: str, *args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([python, "-m", "pip", *args], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_the_check_runs_from_an_empty_environment_with_only_the_image_and_the_wheels(tmp_path):
+    probe = pip(sys.executable, "download", "-q", "--no-deps", "-d", str(tmp_path / "probe"),
+                f"hydra-core=={version('hydra-core')}", timeout=120)  # fmt: skip
+    if probe.returncode:
+        pytest.skip(f"the package index is unreachable: {(probe.stderr.strip().splitlines() or ['?'])[-1]}")
+    kit = tmp_path / "kit"
+    made = subprocess.run(["bash", str(PROJECT_ROOT / "scripts" / "gpu_wheels.sh"), str(kit)],
+                          env={**os.environ, "PY": sys.executable}, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    assert re.search(r"^gpu_wheels: 4 wheels in .*, [\d.]+ MiB in all \(limit 30 MiB\)$", made.stdout, re.M), made.stdout
+    assert {wheel_name(p) for p in kit.glob("*.whl")} == {"transformers", "hydra-core", "omegaconf", "antlr4-python3-runtime"}
+
+    # The image's packages for this machine's Python (downloaded with their needs), kept only when
+    # the image holds them: a need it lacks must not be smuggled in.
+    downloads, image = tmp_path / "downloads", tmp_path / "image"
+    fetched = pip(sys.executable, "download", "-q", "-d", str(downloads), torch_spec(), *IMAGE_IMPORTS)
+    assert fetched.returncode == 0, fetched.stderr[-2000:]
+    image.mkdir()
+    held = image_packages()
+    for wheel in downloads.glob("*.whl"):
+        if wheel_name(wheel) in held:
+            (image / wheel.name).symlink_to(wheel)
+
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = str(venv / "bin" / "python")
+    isolated = {k: v for k, v in os.environ.items() if not k.startswith("PIP_") and k != "PYTHONPATH"}
+    isolated["PIP_CONFIG_FILE"] = os.devnull  # no configured index or find-links: --no-index means nothing else
+    installed = pip(python, "install", "-q", "--no-index", "--no-deps", *map(str, sorted(image.glob("*.whl"))),
+                    env=isolated, timeout=900)  # fmt: skip
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    listed = subprocess.run([python, "-c", "import importlib.metadata as m, json; "
+                             "print(json.dumps([d.metadata['Name'] for d in m.distributions()]))"],
+                            capture_output=True, text=True, env=isolated, check=True)  # fmt: skip
+    extra = {normalized(name) for name in json.loads(listed.stdout)} - held
+    assert not extra, f"the venv holds packages the image does not: {sorted(extra)}"
+
+    report = dry_run(tmp_path, python, {**isolated, "WHEELS": str(kit), "SITE": str(tmp_path / "site")})
+    versions = report["steps"]["preflight"]["versions"]
+    assert versions["transformers"] == version("transformers") and versions["hydra-core"] == version("hydra-core")
+    assert versions["omegaconf"] == version("omegaconf")

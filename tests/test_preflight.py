@@ -1,0 +1,72 @@
+"""python -m packedss.preflight: one line of versions, exit 0 here; a backbone whose forward does
+not take the adapters' cache keyword (as in transformers before the rename) is refused in one
+line, exit 2; hydra-core and omegaconf are reported absent without killing it, and refused only
+when asked for."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+import transformers
+
+from packedss.paths import PROJECT_ROOT
+
+# Runs the module as `python -m packedss.preflight ARGS` would, after a change to the environment.
+RUN = "import runpy, sys; sys.argv = ['preflight', *sys.argv[1:]]; runpy.run_module('packedss.preflight', run_name='__main__')"
+OLD_BACKBONE = """
+import transformers
+
+class Qwen3Model:  # transformers 5.17's signature: the cache is past_key_values, anything else is swallowed
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, **kwargs):
+        pass
+
+transformers.Qwen3Model = Qwen3Model
+"""
+NO_HYDRA = "import sys; sys.modules['hydra'] = None; sys.modules['omegaconf'] = None\n"
+
+
+def preflight(*args: str, prelude: str = "") -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
+    return subprocess.run([sys.executable, "-c", prelude + RUN, *args], capture_output=True, text=True, env=env,
+                          timeout=300)  # fmt: skip
+
+
+def test_the_preflight_prints_one_line_of_versions_and_passes_here(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "packedss.preflight", "--require", "hydra-core,omegaconf", "--json",
+                           str(tmp_path / "preflight.json")], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    (line,) = done.stdout.splitlines()
+    assert line.startswith(f"versions: python {sys.version.split()[0]}, torch {torch.__version__} (CUDA ")
+    assert f"transformers {transformers.__version__}, hydra-core " in line and ", omegaconf " in line
+    assert line.endswith(torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device")
+    report = json.loads((tmp_path / "preflight.json").read_text())
+    assert report["line"] == line and report["refused"] is None
+    assert report["backbones"] == {"Ministral3Model": "takes 'cache'", "Qwen3Model": "takes 'cache'"}
+
+
+def test_a_backbone_without_the_cache_keyword_is_refused_in_one_line(tmp_path):
+    done = preflight("--json", str(tmp_path / "preflight.json"), prelude=OLD_BACKBONE)
+    assert done.returncode == 2 and len(done.stdout.splitlines()) == 1  # the versions still come first
+    (line,) = done.stderr.splitlines()
+    assert line.startswith(f"error: transformers {transformers.__version__}: Qwen3Model.forward takes no 'cache' keyword "
+                           "(its cache keyword: past_key_values)")  # fmt: skip
+    assert "install transformers~=5.24.0" in line
+    assert json.loads((tmp_path / "preflight.json").read_text())["refused"] == line.removeprefix("error: ")
+
+
+def test_absent_hydra_is_reported_and_refused_only_when_required():
+    done = preflight(prelude=NO_HYDRA)
+    assert done.returncode == 0, done.stderr
+    assert "hydra-core absent, omegaconf absent" in done.stdout
+    done = preflight("--require", "hydra-core,omegaconf", prelude=NO_HYDRA)
+    assert done.returncode == 2 and "hydra-core absent" in done.stdout
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("error: hydra-core and omegaconf absent, but the steps after this one import them; ")
+    done = preflight("--require", "hydra")
+    assert done.returncode == 2 and done.stderr.startswith("error: argument --require: hydra is not a package")
+    assert len(done.stderr.splitlines()) == 1
