@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 # The embedded default (tiny model, arith, CPU) swept over the schedules, then the paper's
-# Table 6 layout of the results; reruns resume and only reprint.
+# Table 6 layout of the results; a rerun decodes nothing new, re-runs the analysis and rewrites its files.
 demo: $(STAMP)
 	$(PY) run.py -m schedule=ar,linear,quadratic,packed out_dir=results/demo/records
 	$(PY) -m packedss.analysis results/demo --tables 6 --figures 3 --n-resamples 2000

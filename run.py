@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import traceback
+from pathlib import Path
 
 from packedss.errors import INTERRUPTED, PackedSSError, Stopped, exit_status, raise_stopped, report, run_cli, user_message
 
@@ -28,8 +29,7 @@ try:
     from hydra.types import RunMode
     from omegaconf import DictConfig
 
-    from packedss.config import register_configs
-    from packedss.runner import run_job
+    from packedss.config import check_before_loading, register_configs
 except KeyboardInterrupt:  # Ctrl-C while torch and transformers load
     report(INTERRUPTED)
     sys.exit(130)
@@ -43,17 +43,50 @@ register_configs()
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     try:
+        check_before_loading(cfg)
+        from packedss.runner import run_job  # torch's compiler and transformers: seconds
+
         result = run_job(cfg)
     except PackedSSError as err:
         report(user_message(err), err)
         if HydraConfig.get().mode == RunMode.MULTIRUN and exit_status(err) == 2:
             raise  # Hydra records the job as failed and the sweep goes on; the sweeper lists it at the end
+        if exit_status(err) == 2:
+            remove_hydra_files()
         sys.exit(exit_status(err))  # a signal stops the whole sweep too
     except Exception:
         if HydraConfig.get().mode == RunMode.MULTIRUN:
             traceback.print_exc()  # the job's log keeps where it failed; the summary keeps the message
         raise
     print(f"{result.path}: {result.written} records written, {result.skipped} already recorded")
+
+
+def remove_hydra_files() -> None:
+    """Bad input leaves no run directory: remove what Hydra wrote for the job (its config copies
+    and an empty log), then the run directory and its parents below the working directory while
+    they are empty. A log with lines in it, and anything else, stays."""
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    if hydra_cfg.output_subdir is not None:
+        saved = run_dir / hydra_cfg.output_subdir
+        for name in ("config.yaml", "hydra.yaml", "overrides.yaml"):
+            (saved / name).unlink(missing_ok=True)
+        remove_if_empty(saved)
+    log = run_dir / f"{hydra_cfg.job.name}.log"
+    if log.is_file() and log.stat().st_size == 0:
+        log.unlink()
+    cwd = Path.cwd()
+    folder = run_dir.absolute()
+    while remove_if_empty(folder) and folder.parent != cwd and cwd in folder.parent.parents:
+        folder = folder.parent
+
+
+def remove_if_empty(folder: Path) -> bool:
+    try:
+        folder.rmdir()
+    except OSError:  # not empty, or already gone
+        return False
+    return True
 
 
 if __name__ == "__main__":

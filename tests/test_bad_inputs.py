@@ -9,6 +9,7 @@ import os
 import resource
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -41,21 +42,34 @@ CONFIGURATION = [
     (["concurrency=1.5"], ["invalid value for concurrency", "'1.5'"]),
     (["concurrency=two"], ["invalid value for concurrency", "'two'"]),
     (["concurrency=100000000"], ["concurrency=100000000: 100000000 caches of", "lower concurrency"]),
+    (["limit=-1"], ["invalid limit=-1", "must be >= 1"]),
+    (["samples=2"], ["samples=2 at temperature=0"]),
+    # SetDLM's settings read a window of 0 as unset: it would run the default window silently
+    (["model=tiny-set", "schedule=native", "native_window=0"], ["invalid native_window=0", "must be >= 1"]),
+    (["schedule=native"], ["invalid schedule='native' for model tiny", "runs on model=setdlm1.7b, tiny-set"]),
 ]
 
 
 @pytest.mark.parametrize("overrides, expected", CONFIGURATION, ids=[" ".join(case[0]) for case in CONFIGURATION])
 def test_configuration_errors(overrides, expected, tmp_path):
     out = tmp_path / "out"
-    line = error_line(run_py([*overrides, "limit=1", f"out_dir={out}"], tmp_path))
+    line = error_line(run_py(["limit=1", *overrides, f"out_dir={out}"], tmp_path))
     assert all(text in line for text in expected), line
-    assert not out.exists()
+    assert not out.exists() and not (tmp_path / "hydra").exists()
 
 
 def test_missing_weights_name_the_paths_option_with_its_plus(tmp_path):
     line = error_line(run_py(["model=nemotron8b", f"out_dir={tmp_path / 'out'}"], tmp_path))
     assert "+paths=local" in line and " paths=local" not in line, line
-    assert not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists() and not (tmp_path / "hydra").exists()
+
+
+@pytest.mark.parametrize("override", ["width=0", "out_dir=a-file"])
+def test_bad_input_leaves_no_hydra_run_directory(override, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    command = [sys.executable, str(PROJECT_ROOT / "run.py"), override]  # Hydra's own outputs/<date>/<time>
+    error_line(run(command, tmp_path))
+    assert not (tmp_path / "outputs").exists()
 
 
 def test_the_traceback_is_shown_behind_the_variable(tmp_path):
@@ -96,7 +110,7 @@ def test_data_errors(content, limit, expected, tmp_path):
     out = tmp_path / "out"
     line = error_line(run_py([*overrides, f"limit={limit}", f"out_dir={out}"], tmp_path))
     assert all(text in line for text in expected), line
-    assert not out.exists()
+    assert not out.exists() and not (tmp_path / "hydra").exists()
 
 
 # --------------------------------------------------------------------------- file system
@@ -121,6 +135,7 @@ def test_out_dir_that_is_no_writable_folder_fails_before_loading(where, tmp_path
     line = error_line(run_py([f"out_dir={out}", "limit=1"], tmp_path))
     assert f"out_dir={out}" in line and ("is a file" in line if where != "unwritable" else "cannot write in" in line)
     assert a_file.read_text() == "keep\n" and (where == "file" or not out.exists())
+    assert not (tmp_path / "hydra").exists()
 
 
 @needs_tiny
@@ -187,7 +202,7 @@ def test_model_errors(kind, expected, tmp_path):
     out = tmp_path / "out"
     line = error_line(run_py([f"model.path={_model_dir(tmp_path, kind)}", "limit=1", f"out_dir={out}"], tmp_path))
     assert expected in line, line
-    assert not out.exists()
+    assert not out.exists() and not (tmp_path / "hydra").exists()
 
 
 @needs_tiny
@@ -238,7 +253,11 @@ def test_a_signal_while_the_libraries_load_is_one_line_too(signum, status, tmp_p
     out = tmp_path / "out"
     process = subprocess.Popen(run_py_command([f"out_dir={out}"], tmp_path), stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, env=offline_env(tmp_path), cwd=tmp_path)  # fmt: skip
-    time.sleep(1.0)  # Python is up, torch is still being imported
+    # Hydra's copy of the job's overrides is written just before the job imports its libraries
+    # (torch's compiler, transformers: seconds), once the signal handlers are in place.
+    ready, deadline = tmp_path / "hydra" / ".hydra" / "overrides.yaml", time.time() + 120
+    while not ready.exists() and process.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
     process.send_signal(signum)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == status, stderr[-3000:]

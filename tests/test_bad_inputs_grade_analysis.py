@@ -18,6 +18,7 @@ import pytest
 from packedss.paths import PROJECT_ROOT
 from packedss.tasks import load_task_config
 from tests.test_runner import record_file
+from tests.analysis.synthetic import synthetic_results
 from tests.bad_inputs import SHARED_DATA, error_line, module, offline_env, run, run_py, script, snapshot
 
 TINY = PROJECT_ROOT / "assets" / "models" / "tiny"
@@ -93,6 +94,16 @@ def test_grade_argument_errors(arguments, expected, tmp_path):
     assert expected in line, line
 
 
+@pytest.mark.parametrize("content", [b"just some notes\n", b'{"a": 1}\n[1, 2]\n', b"\xff\xfe\n"],
+                         ids=["text", "json-not-records", "not-utf8"])  # fmt: skip
+def test_grade_refuses_a_file_that_is_not_a_records_file(content, tmp_path):
+    path = tmp_path / "notes.jsonl"
+    path.write_bytes(content)
+    line = error_line(module("packedss.grade", [str(path)], tmp_path))
+    assert f"{path} is not a records file (line 1: " in line, line
+    assert path.read_bytes() == content
+
+
 @pytest.mark.skipif(not (SHARED_DATA / "MbppPlus.jsonl.gz").is_file(), reason="../shared/data has no MbppPlus.jsonl.gz")
 def test_mbpp_records_with_local_data_regrade_without_any_download(tmp_path):
     record = {"task": "mbpp", "task_config": dataclasses.asdict(load_task_config("mbpp")), "data_dir": str(SHARED_DATA),
@@ -116,13 +127,26 @@ def test_analysis_of_a_folder_without_records_creates_nothing(tmp_path):
     (tmp_path / "records").mkdir()
     (tmp_path / "records" / "r.jsonl").write_text('{"not": "a record"}\n')
     line = error_line(module("packedss.analysis", [str(tmp_path)], tmp_path))
-    assert "no usable records" in line and "r.jsonl:1" in line, line
+    assert "no usable records" in line and "r.jsonl:1: missing fields 'model', " in line and " more)" in line, line
+    assert len(line) < 400, line  # not every missing field of a junk line
     assert sorted(p.name for p in tmp_path.iterdir()) == ["records"]
+
+
+def test_a_records_line_that_is_not_utf8_is_warned_about_once_and_skipped(tmp_path):
+    records = synthetic_results(tmp_path)
+    path = next(records.rglob("*.jsonl"))
+    with open(path, "ab") as handle:
+        handle.write(b'{"model": "\xff"}\n')
+    lines = path.read_bytes().count(b"\n")
+    result = module("packedss.analysis", [str(tmp_path), "--tables", "6", "--n-resamples", "50"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stderr.splitlines() == [f"warning: bad record line skipped: {path}:{lines}: not UTF-8 text (byte 12)"]
 
 
 @pytest.mark.parametrize("arguments, expected", [
     (["nowhere"], "no records folder nowhere"),
     (["{tmp}", "--tables", "1"], "no table 1; valid: 2, 3"),
+    (["{tmp}", "--tables", "acceptence"], "no table acceptence (did you mean acceptance?); valid: 2, 3"),
     (["{tmp}", "--n-resamples", "0"], "invalid --n-resamples 0"),
 ])  # fmt: skip
 def test_analysis_argument_errors(arguments, expected, tmp_path):

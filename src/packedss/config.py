@@ -20,11 +20,15 @@ from packedss.decoding.trace import TIMINGS
 from packedss.decoding.verify import VERIFY_RULES
 from packedss.errors import PackedSSError, unknown_key_message
 from packedss.families import FAMILIES, family_named
+from packedss.models import resolve_path, select_checkpoint
 from packedss.models.checkpoint import DTYPES
-from packedss.models.static import COMPILE_MODES
+from packedss.paths import CONF_DIR
 from packedss.tasks import TaskConfig
 
 DEVICES = ("auto", "cpu", "cuda")
+# packedss.models.static's modes, named here so that a config is checked without loading torch's
+# compiler and transformers (tests/test_config_checks.py holds the two equal)
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 
 
 @dataclass
@@ -114,6 +118,16 @@ def unknown_keys(cfg) -> None:
                 raise PackedSSError(unknown_key_message(f"{prefix}{key}", names))
 
 
+def models_running(schedule: str) -> str:
+    """' (schedule=X runs on model=a, b)': the model configs whose family has the schedule, '' for none."""
+    names = []
+    for path in sorted((CONF_DIR / "model").glob("*.yaml")):
+        family = OmegaConf.load(path).get("family", "nemotron")
+        if family in FAMILIES and schedule in family_named(family).schedules:
+            names.append(path.stem)
+    return f" (schedule={schedule} runs on model={', '.join(names)})" if names else ""
+
+
 def _finite(cfg, key: str) -> None:
     value = cfg[key]
     if value is not None and isinstance(value, float) and not math.isfinite(value):
@@ -131,7 +145,11 @@ def validate(cfg) -> None:
             raise PackedSSError(str(cause) if isinstance(cause, PackedSSError) else str(err)) from None
     _choice(cfg.model.family, tuple(FAMILIES), "model.family")
     family = family_named(cfg.model.family)
-    _choice(cfg.schedule.name, family.schedules, f"schedule (for the {family.name} family)")
+    if cfg.schedule.name not in family.schedules:
+        raise PackedSSError(
+            f"invalid schedule={cfg.schedule.name!r} for model {cfg.model.name} ({family.name} family); valid: "
+            f"{', '.join(family.schedules)}{models_running(cfg.schedule.name)}"
+        )
     _finite(cfg, "temperature")
     _finite(cfg.task, "time_limit_s")
     if cfg.width < 1:
@@ -175,6 +193,14 @@ def validate(cfg) -> None:
         raise PackedSSError(f"invalid max_new_tokens={cfg.max_new_tokens}; must be >= 1")
     if cfg.threads < 0:
         raise PackedSSError(f"invalid threads={cfg.threads}; must be >= 1, or 0 for the default (1 on CPU)")
+
+
+def check_before_loading(cfg) -> None:
+    """What can be checked before the heavy libraries load (torch's compiler, transformers):
+    the values, out_dir and the checkpoint's directory, so that bad input fails in seconds."""
+    validate(cfg)
+    check_out_dir(cfg.out_dir)
+    resolve_path(cfg.model, select_checkpoint(cfg.model, cfg.checkpoint_dirs))
 
 
 def check_out_dir(out_dir: str) -> None:

@@ -68,15 +68,26 @@ def task_for(record: dict, data_dir: Optional[str], tasks: Tasks) -> tuple:
 
 
 def load_tasks(path: Path, data_dir: Optional[str], tasks: Tasks) -> None:
-    """Load the tasks of every gradable record of a file into `tasks` (reads, writes nothing)."""
+    """Load the tasks of every gradable record of a file into `tasks` (reads, writes nothing).
+    A file with lines but not one gradable record is not a records file: refused."""
+    first_bad, any_record = None, False
     with open(path, "rb") as handle:
-        for line in handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
             try:
                 record = json.loads(line)
             except (json.JSONDecodeError, UnicodeDecodeError):
-                continue
-            if isinstance(record, dict) and gradable(record) is None:
+                record = None
+            reason = gradable(record if isinstance(record, dict) else None)
+            if reason is None:
                 task_for(record, data_dir, tasks)
+                any_record = True
+            elif first_bad is None:
+                first_bad = f"line {number}: {reason}"
+    if first_bad is not None and not any_record:
+        raise PackedSSError(f"{path} is not a records file ({first_bad}, and no line is a record); "
+                            "name records files written by run.py (JSON lines) or their folder")  # fmt: skip
 
 
 def regrade_file(path: str | Path, data_dir: Optional[str] = None, workers: Optional[int] = None, log=print,

@@ -44,9 +44,11 @@ def encode_record(record: dict) -> bytes:
 
 def validate_record(record: dict) -> list[str]:
     """Problems with a record's schema and its identities (empty when it is sound)."""
-    problems = [f"missing field {name!r}" for name in RECORD_FIELDS if name not in record]
-    if problems:
-        return problems
+    missing = [repr(name) for name in RECORD_FIELDS if name not in record]
+    if missing:  # a junk line lacks most of them: name the first few
+        named = ", ".join(missing[:3]) + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+        return [f"missing field{'s' if len(missing) > 1 else ''} {named}"]
+    problems = []
     if record["finish_reason"] not in FINISH_REASONS:
         problems.append(f"finish_reason {record['finish_reason']!r} not in {FINISH_REASONS}")
     if len(record["rows_evaluated"]) != record["nfe_total"]:
@@ -96,12 +98,15 @@ class BadLine:
 
 def iter_lines(path: Path) -> Iterator[tuple[int, dict | None, str]]:
     """(line number, parsed record or None, error) for each non-empty line."""
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            if not raw.strip():
                 continue
             try:
-                value = json.loads(line)
+                value = json.loads(raw.decode("utf-8"))
+            except UnicodeDecodeError as err:
+                yield number, None, f"not UTF-8 text (byte {err.start + 1})"
+                continue
             except json.JSONDecodeError as err:
                 yield number, None, f"not JSON ({err.msg})"
                 continue

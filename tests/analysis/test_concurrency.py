@@ -138,7 +138,8 @@ def test_concurrency_separates_rows_and_pairs_in_the_other_tables(swept):
         assert packed.loc[str(c), "Tokens/s"] == pytest.approx(own["tokens"] / own["wall"])
     t12 = TABLES[12].function(results.per_question, results.comparisons)
     linear = t12.data[t12.data["Baseline"] == "Linear-SS"].set_index("Setting")
-    assert list(linear.index) == ["Tiny Arith", "Tiny Arith C=2", "Tiny Arith C=4", "Tiny Arith C=8"]
+    twin = f" [cost_model={records[0]['cost_model']}]"  # these runs were timed on a cost twin
+    assert list(linear.index) == [f"Tiny Arith{c}{twin}" for c in ("", " C=2", " C=4", " C=8")]
     assert set(linear["Pairs"]) == {str(QUESTIONS)}
     for c, setting in zip((1, 2, 4, 8), linear.index, strict=True):
         m, b = _sums(records, "packed", c), _sums(records, "linear", c)

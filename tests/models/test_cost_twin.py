@@ -136,6 +136,31 @@ def test_the_twin_times_the_cost_model_not_the_decoding_model(checkpoint, monkey
     assert twin.charged_s == 7  # one reading before the cost model's call, one after
 
 
+class Clocked:
+    """A model whose run and synchronize take `run_s` and `sync_s` on a fake clock."""
+
+    def __init__(self, clock: list[float], run_s: float, sync_s: float):
+        self.clock, self.run_s, self.sync_s = clock, run_s, sync_s
+        self.device, self.mask_token_id = CPU, 0
+
+    def run(self, call):
+        self.clock[0] += self.run_s
+        return torch.zeros(len(call.tokens), 4)
+
+    def synchronize(self):
+        self.clock[0] += self.sync_s
+
+
+def test_the_charged_interval_holds_only_the_cost_models_run_and_synchronize(monkeypatch):
+    from packedss.decoding.calls import causal_segment, pack
+
+    clock = [100.0]  # advanced by the models themselves, not by reading it
+    monkeypatch.setattr(cost_twin.time, "perf_counter", lambda: clock[0])
+    twin = CostTwin(Clocked(clock, run_s=50.0, sync_s=20.0), Clocked(clock, run_s=3.0, sync_s=0.5), "test")
+    twin.run(pack([causal_segment(torch.tensor([5, 6, 7]), 0)]))
+    assert twin.charged_s == 3.5 and clock[0] == 173.5  # the deciding model's 70 s ran, uncharged
+
+
 def test_the_parameter_estimate_counts_what_random_adapter_builds():
     for shape, layers in (("test", None), ("tiny", 2), ("test", 1)):
         config = shape_config(shape, None, layers)

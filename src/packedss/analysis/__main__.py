@@ -17,7 +17,7 @@ from packedss.analysis import N_RESAMPLES, analyse, audit, record_sources
 from packedss.analysis.figures import FIGURES
 from packedss.analysis.load import find_record_files
 from packedss.analysis.tables import ACCEPTANCE, CONCURRENCY, TABLES
-from packedss.errors import ArgumentParser, PackedSSError, run_reporting
+from packedss.errors import ArgumentParser, PackedSSError, closest, run_reporting
 from packedss.records import BadLine, iter_lines, validate_record
 
 
@@ -35,7 +35,8 @@ def _numbers(text: str, valid, what: str) -> list | str:
     parts = [part.strip().lower() for part in text.split(",") if part.strip()]
     bad = [part for part in parts if part not in by_name]
     if bad:
-        raise argparse.ArgumentTypeError(f"no {what} {', '.join(bad)}; valid: {', '.join(map(str, valid))}")
+        guess = closest(bad[0], by_name) if len(bad) == 1 and not bad[0].isdigit() else ""  # a name's typo
+        raise argparse.ArgumentTypeError(f"no {what} {', '.join(bad)}{guess}; valid: {', '.join(map(str, valid))}")
     return [by_name[part] for part in parts]
 
 

@@ -33,6 +33,7 @@ from packedss.analysis.acceptance import acceptance_profiles  # noqa: E402
 from packedss.analysis.acceptance_figures import figure_a1, figure_a2  # noqa: E402
 from packedss.analysis.compare import Comparisons, Pairing  # noqa: E402
 from packedss.analysis.concurrency import FIGURE as CONCURRENCY_FIGURE  # noqa: E402
+from packedss.analysis.concurrency import REGIME_FIELDS, regime_label  # noqa: E402
 from packedss.analysis.concurrency_figures import figure_c1  # noqa: E402
 from packedss.analysis.metrics import (  # noqa: E402
     MODEL_SHORT,
@@ -63,9 +64,18 @@ class Figure:
 
 
 def _setting(p: Pairing) -> str:
+    label = p.setting_label.replace(" [", "\n[")  # a config (a cost twin, a dtype, ...) on a line of its own
     if family_orders(p.family):
-        return f"{MODEL_SHORT.get(p.model, p.model)} {task_label(p.task)}\n{p.setting_label}"
-    return p.setting_label.replace(" ", "\n", 1)
+        return f"{MODEL_SHORT.get(p.model, p.model)} {task_label(p.task)}\n{label}"
+    return label.replace(" ", "\n", 1)
+
+
+def regime_line(frame: pd.DataFrame) -> str:
+    """What the figure's runs were measured in, as Figure C1 names it: 'eager, float32, 1 thread,
+    cpu[, cost:<twin>]' (each regime, when they differ) and the widths of its speculative runs."""
+    regimes = sorted({regime_label(row) for _, row in frame[list(REGIME_FIELDS)].drop_duplicates().iterrows()})
+    widths = sorted({int(w) for w in frame["width"].unique() if w})
+    return f"{' | '.join(regimes)}; W = {', '.join(map(str, widths)) or '-'}"
 
 
 # The families each ratio figure shows (the paper's Figure 3: Nemotron and SetDLM; Figure 4: Nemotron).
@@ -76,8 +86,7 @@ def ratio_data(comparisons: Comparisons, positive: bool) -> pd.DataFrame:
     """Long frame: setting, schedule, metric, estimate, low, high, pairs (method vs Linear-SS;
     pairs: question-sample pairs, scored pairs for the accuracy difference)."""
     pq = comparisons.pq
-    frame = pq[(pq["temperature"] > 0) if positive else (pq["temperature"] == 0)]
-    frame = frame[~frame["lora"] & frame["family"].isin(RATIO_FAMILIES[positive])]
+    frame = ratio_frame(pq, positive)
     methods = sort_schedules(s for s in frame["schedule"].unique() if s != "linear")
     rows = []
     pairings = [p for m in methods for p in comparisons.pairings(m, "linear", frame)]
@@ -103,6 +112,12 @@ def ratio_data(comparisons: Comparisons, positive: bool) -> pd.DataFrame:
                 }
             )
     return pd.DataFrame(rows, columns=["setting", "schedule", "metric", "estimate", "low", "high", "pairs", "ci_method"])
+
+
+def ratio_frame(pq: pd.DataFrame, positive: bool) -> pd.DataFrame:
+    """The per-question rows a ratio figure compares."""
+    frame = pq[(pq["temperature"] > 0) if positive else (pq["temperature"] == 0)]
+    return frame[~frame["lora"] & frame["family"].isin(RATIO_FAMILIES[positive])]
 
 
 def _empty_figure(number: int, message: str) -> plt.Figure:
@@ -146,8 +161,8 @@ def ratio_figure(number: int, comparisons: Comparisons, positive: bool) -> Figur
             if metric.startswith("Accuracy"):
                 ran = rows["pairs"].notna().to_numpy()
                 for pos, value, present in zip(positions, est, ran, strict=True):
-                    if present and np.isnan(value):
-                        ax.text(pos, 0, "n/a", ha="center", va="bottom", fontsize=7, color="#555555")
+                    if present and (np.isnan(value) or value == 0):  # a bar of no height: say what it is
+                        ax.text(pos, 0, "n/a" if np.isnan(value) else "0", ha="center", va="bottom", fontsize=7, color="#555555")
         ax.axhline(reference, color="black", linestyle="--", linewidth=1)
         ax.set_ylabel(ylabel)
         ax.grid(axis="y", alpha=0.3)
@@ -161,8 +176,11 @@ def ratio_figure(number: int, comparisons: Comparisons, positive: bool) -> Figur
     axes[-1].set_xlabel("Setting (model, task)")
     handles = [Patch(color=schedule_colour(s), label=schedule_label(s)) for s in schedules]
     axes[0].legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False, title="vs Linear-SS")
-    fig.suptitle(title, fontsize=11)
-    fig.text(0.01, 0.005, "Error bars: 95% paired bootstrap CIs (resampling questions). n/a: speed-only task (no accuracy).", fontsize=8, color="#444444")
+    fig.suptitle(f"{title}\n{regime_line(ratio_frame(comparisons.pq, positive))}", fontsize=10)
+    accuracy = data[data["metric"] == "Accuracy difference (pp)"]
+    speed_only = bool((accuracy["pairs"].notna() & accuracy["estimate"].isna()).any())
+    footnote = "Error bars: 95% paired bootstrap CIs (resampling questions)." + (" n/a: speed-only task (no accuracy)." if speed_only else "")
+    fig.text(0.01, 0.005, footnote, fontsize=8, color="#444444")
     fig.tight_layout(rect=(0, 0.02, 1, 1))
     notes = [f"{len(settings)} settings; pairs per comparison: {', '.join(str(int(n)) for n in data[data['metric'] == 'Throughput ratio']['pairs'])}"]
     return Figure(number, fig, data, notes)
@@ -265,7 +283,8 @@ def timing_figure(pq: pd.DataFrame) -> Figure:
         plt.Line2D([0], [0], color="black", linestyle="--", label="Linear-SS total"),
     ]
     axes[0][-1].legend(handles=legend, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
-    fig.suptitle("Figure 5: normalized timing decomposition (greedy)", fontsize=11)
+    timed = pq[pq["model"].isin(models) & (pq["family"] == NEMOTRON) & (pq["temperature"] == 0) & ~pq["lora"]]
+    fig.suptitle(f"Figure 5: normalized timing decomposition (greedy)\n{regime_line(timed)}", fontsize=10)
     fig.tight_layout()
     return Figure(5, fig, data, notes)
 

@@ -51,8 +51,8 @@ TABLE_KEYS = ("model", "task", "schedule", "width", "temperature", "verify", "or
 # Every other field of the job's identity (packedss.job: checkpoint, dtype, compile mode, output
 # cap, ...) is summed up in the `config` column: "" where it takes one value for every run of the
 # folder with the same TABLE_KEYS, else the `field=value` pairs of the fields that differ (a
-# table shows it as a column then). So runs that differ in anything are separate rows, and a
-# comparison pairs only runs of one config.
+# table shows it as a column then), and `cost_model` whenever a cost twin timed a run. So runs
+# that differ in anything are separate rows, and a comparison pairs only runs of one config.
 CONFIG_FIELDS = tuple(name for name in IDENTITY_FIELDS if name not in TABLE_KEYS + ("block", "lossy"))
 RUN_KEYS = TABLE_KEYS + ("config",)
 
@@ -155,6 +155,8 @@ def _config_labels(frame: pd.DataFrame) -> pd.Series:
     )
     keyed = values.join(frame[list(TABLE_KEYS)].astype(str))
     differing = [name for name in CONFIG_FIELDS if (keyed.groupby(list(TABLE_KEYS))[name].nunique() > 1).any()]
+    if "cost_model" not in differing and (values["cost_model"] != "null").any():
+        differing.append("cost_model")  # a twin's time is never the model's own: always named
     if not differing:
         return pd.Series("", index=frame.index)
     return values[differing].apply(lambda row: ", ".join(f"{name}={row[name]}" for name in differing), axis=1)

@@ -257,7 +257,7 @@ def table5(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = Fal
     extra = optional_keys(sub, ["model", "task", "schedule"], positive=False)
     keys = ["Model", "Task", "Method"] + [LABEL_OF[e] for e in extra]
     rows = []
-    for values, g in groups(sub, ["model", "task", "schedule", "width"] + [e for e in extra if e == "pad_verify"]):
+    for values, g in groups(sub, ["model", "task", "schedule", "width"] + [e for e in extra if e in ("pad_verify", "config")]):
         base, lora = g[~g["lora"]], g[g["lora"]]
         biggest = max_iteration(g)
         selected = max_iteration(lora, "lora_rows_selected") if not lora.empty else None

@@ -122,7 +122,7 @@ LABEL_OF = {"width": "B", "temperature": "T", "verify": "Verify", "pad_verify": 
 def optional_keys(frame: pd.DataFrame, within: list[str], positive: bool) -> list[str]:
     """Columns added only when they tell rows apart (several widths per schedule, several
     temperatures or verification rules, both Packed-SS paddings, several configs: dtype, output
-    cap, compile mode, ...)."""
+    cap, compile mode, ...), and the config wherever it names a cost twin."""
     extra = []
     if varies(frame, within, "width"):
         extra.append("width")
@@ -132,8 +132,8 @@ def optional_keys(frame: pd.DataFrame, within: list[str], positive: bool) -> lis
         extra.append("verify")
     if varies(frame, within, "pad_verify"):
         extra.append("pad_verify")
-    if varies(frame, within, "config"):
-        extra.append("config")
+    if varies(frame, within, "config") or frame["config"].str.contains("cost_model=").any():
+        extra.append("config")  # a cost twin's time is named even when every run has it
     return extra
 
 

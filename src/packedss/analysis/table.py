@@ -123,6 +123,9 @@ def build(
     if "Config" not in keys and any(r.get("Config") for r in rows):
         keys = [*keys, "Config"]
         notes.append("Config: the identity fields in which runs of otherwise equal settings differ; each is its own row.")
+    if any("cost_model=" in str(r.get("Config", "")) and "cost_model=null" not in str(r.get("Config")) for r in rows):
+        notes.append("cost_model: the times are those of a cost twin (shape:layers:dtype:device) that ran every call; "
+                     "the model named decided the tokens.")
     rows = [dict(r, _measured=True) for r in rows]
     value_names = [c.name for c in values]
     paper_cols: list[str] = []

@@ -1,0 +1,70 @@
+"""What a reader sees names what ran: a cost twin's runs say so in Table 6, its CSV and Figure 3,
+and the ratio figures name their regime and widths."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from packedss.analysis import analyse, load_results
+from packedss.analysis.figures import make_figure
+from tests.analysis.synthetic import make_record, write_records
+
+TWIN = "nemotron3b:6L:bfloat16:cpu"
+SCHEDULES = ("ar", "linear", "quadratic", "packed")
+
+
+def _folder(root, questions=6, **fields):
+    records = [make_record(schedule=schedule, question=q, tokens_per_iteration={"ar": 1}.get(schedule, 3), **fields)
+               for schedule in SCHEDULES for q in range(questions)]  # fmt: skip
+    write_records(root / "records", records)
+    return root
+
+
+def _texts(figure) -> str:
+    return "\n".join(t.get_text() for t in figure.findobj(lambda a: hasattr(a, "get_text")))
+
+
+@pytest.fixture(scope="module")
+def twin_results(tmp_path_factory):
+    root = _folder(tmp_path_factory.mktemp("twin"), cost_model=TWIN)
+    analyse(root, tables=[6], figures=[3], n_resamples=50)
+    return root
+
+
+def test_table6_and_its_csv_name_the_cost_twin(twin_results):
+    rows = [line for line in (twin_results / "tables" / "table6.md").read_text().splitlines() if "Linear-SS" in line]
+    assert rows and all(f"cost_model={TWIN}" in row for row in rows), rows
+    with open(twin_results / "tables" / "table6.csv", newline="") as handle:
+        measured = [row for row in csv.DictReader(handle) if row["Method"]]
+    assert measured and all(f"cost_model={TWIN}" in row["Config"] for row in measured), measured
+
+
+def test_figure3_names_the_cost_twin_in_its_panel_and_its_regime(twin_results):
+    results = load_results(twin_results, n_resamples=50)
+    figure = make_figure(3, results.comparisons)
+    assert all(f"cost_model={TWIN}" in setting for setting in figure.data["setting"])
+    texts = _texts(figure.figure)
+    assert f"[cost_model={TWIN}]" in texts and f"eager, float32, 1 thread, cpu, cost:{TWIN}; W = 8" in texts
+    with open(twin_results / "figures" / "figure3.csv", newline="") as handle:
+        assert all(TWIN in row["setting"] for row in csv.DictReader(handle))
+
+
+def test_without_a_twin_the_labels_stay_plain_and_name_the_regime(tmp_path):
+    results = load_results(_folder(tmp_path), n_resamples=50)
+    figure = make_figure(3, results.comparisons)
+    assert not any("cost_model" in setting for setting in figure.data["setting"])
+    texts = _texts(figure.figure)
+    assert "eager, float32, 1 thread, cpu; W = 8" in texts
+    assert "n/a: speed-only task" not in texts  # no speed-only task here
+    assert "eager, float32, 1 thread, cpu; W = 8" in _texts(make_figure(5, results.comparisons).figure)
+
+
+def test_an_accuracy_difference_of_zero_is_shown_as_0(tmp_path):
+    results = load_results(_folder(tmp_path, correct=True), n_resamples=50)  # every schedule always right
+    figure = make_figure(3, results.comparisons)
+    accuracy = figure.data[figure.data["metric"] == "Accuracy difference (pp)"]
+    assert (accuracy["estimate"] == 0).all()
+    accuracy_axis = figure.figure.axes[2]
+    assert sum(t.get_text() == "0" for t in accuracy_axis.texts) == len(accuracy)
