@@ -69,6 +69,12 @@ def next_token(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     return sample_tokens(probabilities(logits.view(1, -1), sampling.temperature), sampling.generator)
 
 
+def first_token(logits: torch.Tensor, sampling: Sampling) -> Emitted:
+    """`next_token` and its read-back: the one token a row emits, as an `Emitted` list."""
+    token = next_token(logits, sampling)
+    return Emitted(token.tolist(), token)
+
+
 def _accepted_prefix(accept: torch.Tensor) -> torch.Tensor:
     """Length of the all-True prefix of a bool vector, as a 0-d tensor."""
     return accept.to(torch.long).cumprod(dim=0).sum()
