@@ -125,6 +125,8 @@ class Decoder(ABC):
     lossy: ClassVar[bool] = False  # not meant to equal the AR output (native decoding)
     reads_pad_verify: ClassVar[bool] = False  # its calls change with the settings' pad_verify
     rows_formula: ClassVar[str] = ""  # the paper's rows per iteration (Table 2); "" where it gives none
+    # Its host work is Host steps on logits it only slices: in a batch it gets Rows (rows.py), not tensors.
+    batched_steps: ClassVar[bool] = False
 
     @staticmethod
     @abstractmethod

@@ -125,6 +125,7 @@ class _LTRDecoder(Decoder):
 
     settings: LTRSettings
     last: torch.Tensor  # (1,) long; set by prefill
+    batched_steps = True
 
     def __init__(self, model: CallModel, prompt: Sequence[int], settings: LTRSettings, stop_check: StopCheck | None):
         super().__init__(model, prompt, settings, stop_check)
@@ -145,7 +146,7 @@ class _LTRDecoder(Decoder):
         """Emit the token the verifier row `row` (one row of logits) gives."""
         emitted = yield Host(first_token, row, self.settings.sampling)
         self.last = emitted.last
-        self.note([self.produced], row)
+        self.note([self.produced], row if emitted.deciding is None else emitted.deciding)
         return self.emit(emitted)
 
     def verified(self, emitted: list[int], drafts: int) -> bool:

@@ -172,18 +172,22 @@ class NearTies:
         self.top2: list[torch.Tensor] = []  # (rows, 2) top logits per note
         self.dtype: torch.dtype | None = None
 
-    def note(self, indexes, rows: torch.Tensor) -> None:
-        """Row k of `rows` (V logits) decided the token at output index indexes[k]."""
+    def note(self, indexes, rows) -> None:
+        """Row k of `rows` (V logits) decided the token at output index indexes[k]. In a batch,
+        `rows` are Rows of the top-2 logits the engine took of every request's rows at once."""
         indexes = list(indexes)
         self.indexes += indexes
-        self.top2.append(rows[: len(indexes)].topk(2, dim=-1).values)
+        if isinstance(rows, torch.Tensor):
+            self.top2.append(rows[: len(indexes)].topk(2, dim=-1).values)
+        else:
+            self.top2.append(rows[: len(indexes)])
         self.dtype = rows.dtype
 
     def read(self, outputs: int) -> list[list]:
         """[output index, margin] of every near-tie among the first `outputs` output positions."""
         if not self.top2:
             return []
-        top2 = torch.cat(self.top2).float()
+        top2 = torch.cat([t if isinstance(t, torch.Tensor) else t.tensor() for t in self.top2]).float()
         margin = top2[:, 0] - top2[:, 1]
         near = margin <= near_tie_threshold(top2[:, 0], self.dtype)
         margins, flags = torch.stack([margin, near.float()]).tolist()
