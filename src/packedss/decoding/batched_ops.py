@@ -34,11 +34,61 @@ def _offsets(counts: Sequence[int]) -> list[int]:
     return out
 
 
+BLOCK = 32  # vocabulary entries per block of the two-pass argmax
+
+
+class _Greedy:
+    """Exactly `argmax` (the first largest entry) of every row of `logits` and, on demand, its
+    `topk(2).values`, in two passes, since on a CPU a row's `amax` costs a tenth of its `argmax` or
+    `topk`: the largest entry of each block of BLOCK entries, then the first block holding the
+    row's largest, then the first largest entry in that block. The second largest of a row is the
+    larger of its best block's second largest and the other blocks' largest."""
+
+    def __init__(self, logits: torch.Tensor):
+        self.logits, self._top2 = logits, None
+        count, vocabulary = logits.shape
+        self.blocked = vocabulary % BLOCK == 0 and vocabulary >= 2 * BLOCK
+        if not self.blocked:
+            self.tokens = logits.argmax(dim=-1)
+            return
+        blocks = logits.view(count, vocabulary // BLOCK, BLOCK)
+        self.block_max = blocks.amax(dim=-1)
+        self.best = self.block_max.argmax(dim=-1)
+        self.inner = blocks[torch.arange(count, device=logits.device), self.best]  # each row's best block
+        self.first = self.inner.argmax(dim=-1, keepdim=True)
+        self.tokens = self.best * BLOCK + self.first[:, 0]
+
+    @property
+    def top2(self) -> torch.Tensor:
+        if self._top2 is None:
+            if not self.blocked:
+                self._top2 = self.logits.topk(2, dim=-1).values
+            else:
+                minimum, best = float("-inf"), self.best[:, None]
+                second = torch.maximum(self.inner.scatter(1, self.first, minimum).amax(dim=-1),
+                                       self.block_max.scatter(1, best, minimum).amax(dim=-1))  # fmt: skip
+                self._top2 = torch.stack([self.block_max.gather(1, best)[:, 0], second], dim=1)
+        return self._top2
+
+
+_last: list = [None, None]  # [logits, its _Greedy] of the last round whose rows were taken whole
+
+
 def _greedy(rows: Sequence, device: torch.device, margins: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The argmax of every row of `rows` (Rows or tensors of logits), and their top-2 logits (the
-    near-ties, docs/records.md) when `margins`."""
-    logits = concatenated(rows, device)
-    return logits.argmax(dim=-1), logits.topk(2, dim=-1).values if margins else None
+    """The argmax of every row of `rows` (Rows or tensors of logits) and, with `margins`, their
+    top-2 logits (the near-ties, docs/records.md). When they are rows of one round's logits, a
+    quarter of them or more, that round's are taken once for all of its rows (its later steps, e.g.
+    Packed-SS's next draft, reuse them) and the rows asked for are picked out."""
+    source = rows[0].source if type(rows[0]) is Rows else None
+    if source is not None and all(type(r) is Rows and r.source is source for r in rows):
+        if 4 * sum(len(r) for r in rows) >= len(source):
+            if _last[0] is not source:
+                _last[:] = [source, _Greedy(source)]
+            greedy = _last[1]
+            index = ranges([r.start for r in rows], [len(r) for r in rows], device)
+            return greedy.tokens.index_select(0, index), greedy.top2.index_select(0, index) if margins else None
+    greedy = _Greedy(concatenated(rows, device))
+    return greedy.tokens, greedy.top2 if margins else None
 
 
 def _first_tokens(args: Sequence[tuple], device: torch.device) -> tuple[torch.Tensor, Finish]:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from packedss.decoding.rows import Rows, concatenated
+
 VERIFY_RULES = ("rejection", "match")  # the rules a run can choose at T > 0
 GREEDY = "greedy"  # the rule recorded at T = 0, where both rules reduce to exact match
 
@@ -187,7 +189,8 @@ class NearTies:
         """[output index, margin] of every near-tie among the first `outputs` output positions."""
         if not self.top2:
             return []
-        top2 = torch.cat([t if isinstance(t, torch.Tensor) else t.tensor() for t in self.top2]).float()
+        top2 = concatenated(self.top2, self.top2[0].source.device if isinstance(self.top2[0], Rows) else
+                            self.top2[0].device).float()  # fmt: skip
         margin = top2[:, 0] - top2[:, 1]
         near = margin <= near_tie_threshold(top2[:, 0], self.dtype)
         margins, flags = torch.stack([margin, near.float()]).tolist()
