@@ -21,7 +21,7 @@ import torch
 
 from packedss.decoding.driver import Proposals, proposals_ahead
 from packedss.decoding.rows import Rows, concatenated, ranges
-from packedss.decoding.verify import Emitted, first_token, propose, verify
+from packedss.decoding.verify import Emitted, first_token, near_tie_threshold, propose, verify
 
 Finish = Callable[[list[int]], list]
 
@@ -70,13 +70,21 @@ class _Greedy:
                 self._top2 = torch.stack([self.block_max.gather(1, best)[:, 0], second], dim=1)
         return self._top2
 
+    @property
+    def margins(self) -> torch.Tensor:
+        """(rows, 2) float32: each row's top-2 margin and 1.0 where it is a near-tie (NearTies.read's
+        rule, taken here once for every request's rows)."""
+        top2 = self.top2.float()
+        margin = top2[:, 0] - top2[:, 1]
+        return torch.stack([margin, (margin <= near_tie_threshold(top2[:, 0], self.logits.dtype)).float()], dim=1)
+
 
 _last: list = [None, None]  # [logits, its _Greedy] of the last round whose rows were taken whole
 
 
 def _greedy(rows: Sequence, device: torch.device, margins: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The argmax of every row of `rows` (Rows or tensors of logits) and, with `margins`, their
-    top-2 logits (the near-ties, docs/records.md). When they are rows of one round's logits, a
+    near-tie margins (_Greedy.margins, docs/records.md). When they are rows of one round's logits, a
     quarter of them or more, that round's are taken once for all of its rows (its later steps, e.g.
     Packed-SS's next draft, reuse them) and the rows asked for are picked out."""
     source = rows[0].source if type(rows[0]) is Rows else None
@@ -86,16 +94,16 @@ def _greedy(rows: Sequence, device: torch.device, margins: bool) -> tuple[torch.
                 _last[:] = [source, _Greedy(source)]
             greedy = _last[1]
             index = ranges([r.start for r in rows], [len(r) for r in rows], device)
-            return greedy.tokens.index_select(0, index), greedy.top2.index_select(0, index) if margins else None
+            return greedy.tokens.index_select(0, index), greedy.margins.index_select(0, index) if margins else None
     greedy = _Greedy(concatenated(rows, device))
-    return greedy.tokens, greedy.top2 if margins else None
+    return greedy.tokens, greedy.margins if margins else None
 
 
 def _first_tokens(args: Sequence[tuple], device: torch.device) -> tuple[torch.Tensor, Finish]:
-    tokens, top2 = _greedy([a[0] for a in args], device, margins=True)
+    tokens, margins = _greedy([a[0] for a in args], device, margins=True)
 
     def finish(values: list[int]) -> list:
-        return [Emitted([token], Rows(tokens, k, k + 1), Rows(top2, k, k + 1)) for k, token in enumerate(values)]
+        return [Emitted([token], Rows(tokens, k, k + 1), Rows(margins, k, k + 1)) for k, token in enumerate(values)]
 
     return tokens, finish
 
@@ -113,7 +121,7 @@ def _verifications(args: Sequence[tuple], device: torch.device) -> tuple[torch.T
     drafts = [a[1] for a in args]
     counts = [len(d) for d in drafts]
     requests, widest = len(args), max(counts)
-    verified, top2 = _greedy([a[0] for a in args], device, margins=True)
+    verified, margins = _greedy([a[0] for a in args], device, margins=True)
     starts = _offsets([c + 1 for c in counts])
     if widest:
         agree = verified.index_select(0, ranges(starts, counts, device)) == concatenated(drafts, device)
@@ -128,7 +136,7 @@ def _verifications(args: Sequence[tuple], device: torch.device) -> tuple[torch.T
         for k, (start, count) in enumerate(zip(starts, counts)):
             end = start + values[k] + 1  # the h accepted drafts and one more token
             tokens = values[requests + start : requests + end]
-            out.append(Emitted(tokens, Rows(verified, end - 1, end), Rows(top2, start, start + count + 1)))
+            out.append(Emitted(tokens, Rows(verified, end - 1, end), Rows(margins, start, start + count + 1)))
         return out
 
     return torch.cat([accepted, verified]), finish

@@ -171,12 +171,13 @@ class NearTies:
 
     def __init__(self) -> None:
         self.indexes: list[int] = []  # output index (position in output_ids) of each row
-        self.top2: list[torch.Tensor] = []  # (rows, 2) top logits per note
+        self.top2: list = []  # per note, (rows, 2) top logits; in a batch, Rows of [margin, near]
         self.dtype: torch.dtype | None = None
 
     def note(self, indexes, rows) -> None:
         """Row k of `rows` (V logits) decided the token at output index indexes[k]. In a batch,
-        `rows` are Rows of the top-2 logits the engine took of every request's rows at once."""
+        `rows` are Rows of the margins the engine took of every request's rows at once
+        (packedss.decoding.batched_ops)."""
         indexes = list(indexes)
         self.indexes += indexes
         if isinstance(rows, torch.Tensor):
@@ -189,11 +190,13 @@ class NearTies:
         """[output index, margin] of every near-tie among the first `outputs` output positions."""
         if not self.top2:
             return []
-        top2 = concatenated(self.top2, self.top2[0].source.device if isinstance(self.top2[0], Rows) else
-                            self.top2[0].device).float()  # fmt: skip
-        margin = top2[:, 0] - top2[:, 1]
-        near = margin <= near_tie_threshold(top2[:, 0], self.dtype)
-        margins, flags = torch.stack([margin, near.float()]).tolist()
+        if isinstance(self.top2[0], Rows):  # [margin, near] rows (batched)
+            margins, flags = concatenated(self.top2, self.top2[0].source.device).T.tolist()
+        else:
+            top2 = torch.cat(self.top2).float()
+            margin = top2[:, 0] - top2[:, 1]
+            near = margin <= near_tie_threshold(top2[:, 0], self.dtype)
+            margins, flags = torch.stack([margin, near.float()]).tolist()
         return [[i, m] for i, m, f in zip(self.indexes, margins, flags) if f and i < outputs]
 
 
