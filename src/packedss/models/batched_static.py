@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 
 import torch
 
@@ -77,7 +76,7 @@ class _SlotState:
 
 
 class StaticBatch(SlotAdapters, GraphAdmission):
-    """A BatchExecutor (packedss.decoding.batching) of `slots` requests on static caches of
+    """A BatchExecutor (packedss.decoding.engine) of `slots` requests on static caches of
     `capacity` rows each, with compiled graphs of mode `mode` (see the module docstring)."""
 
     def __init__(self, adapter, slots: int, mode: str, capacity: int, max_graphs: int = MAX_GRAPHS):
