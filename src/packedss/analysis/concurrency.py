@@ -306,7 +306,8 @@ def concurrency_tables(records: pd.DataFrame, responses: pd.DataFrame, n_resampl
     notes = [
         "One row per run and concurrency C (responses decoded together, each call carrying every active one's rows), "
         "for the runs measured at two or more C. Tokens/s (system) = Σ output tokens / Σ wall over every timed "
-        "record: at C > 1 a response's wall is its share of each batched call's model time plus its own host time, "
+        "record: at C > 1 a response's wall is its share of each batched call's model time plus its share of the host time "
+        "between batched calls, "
         "so Σ wall is the jobs' elapsed time.",
         "Latency p50/p95: numpy.percentile (linear interpolation) of latency_s, the response's first call's start to "
         "its last call's end, over every timed record. Time / Linear-SS = Σ wall / Σ wall of the Linear-SS run at the "

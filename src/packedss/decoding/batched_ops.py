@@ -70,13 +70,13 @@ class _Greedy:
                 self._top2 = torch.stack([self.block_max.gather(1, best)[:, 0], second], dim=1)
         return self._top2
 
-    @property
-    def margins(self) -> torch.Tensor:
-        """(rows, 2) float32: each row's top-2 margin and 1.0 where it is a near-tie (NearTies.read's
-        rule, taken here once for every request's rows)."""
-        top2 = self.top2.float()
-        margin = top2[:, 0] - top2[:, 1]
-        return torch.stack([margin, (margin <= near_tie_threshold(top2[:, 0], self.logits.dtype)).float()], dim=1)
+
+def _margins(top2: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(rows, 2) float32: each row's top-2 margin and 1.0 where it is a near-tie (NearTies.read's
+    rule, taken here once for every request's rows; `dtype` is the logits')."""
+    top2 = top2.float()
+    margin = top2[:, 0] - top2[:, 1]
+    return torch.stack([margin, (margin <= near_tie_threshold(top2[:, 0], dtype)).float()], dim=1)
 
 
 _last: list = [None, None]  # [logits, its _Greedy] of the last round whose rows were taken whole
@@ -84,7 +84,7 @@ _last: list = [None, None]  # [logits, its _Greedy] of the last round whose rows
 
 def _greedy(rows: Sequence, device: torch.device, margins: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The argmax of every row of `rows` (Rows or tensors of logits) and, with `margins`, their
-    near-tie margins (_Greedy.margins, docs/records.md). When they are rows of one round's logits, a
+    near-tie margins (`_margins`, docs/records.md). When they are rows of one round's logits, a
     quarter of them or more, that round's are taken once for all of its rows (its later steps, e.g.
     Packed-SS's next draft, reuse them) and the rows asked for are picked out."""
     source = rows[0].source if type(rows[0]) is Rows else None
@@ -94,9 +94,11 @@ def _greedy(rows: Sequence, device: torch.device, margins: bool) -> tuple[torch.
                 _last[:] = [source, _Greedy(source)]
             greedy = _last[1]
             index = ranges([r.start for r in rows], [len(r) for r in rows], device)
-            return greedy.tokens.index_select(0, index), greedy.margins.index_select(0, index) if margins else None
+            if not margins:
+                return greedy.tokens.index_select(0, index), None
+            return greedy.tokens.index_select(0, index), _margins(greedy.top2.index_select(0, index), source.dtype)
     greedy = _Greedy(concatenated(rows, device))
-    return greedy.tokens, greedy.margins if margins else None
+    return greedy.tokens, _margins(greedy.top2, greedy.logits.dtype) if margins else None
 
 
 def _first_tokens(args: Sequence[tuple], device: torch.device) -> tuple[torch.Tensor, Finish]:
