@@ -31,14 +31,13 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_the_decoding_core_imports_only_itself_torch_and_the_standard_library():
-    # threading: batched decoding passes a baton between the requests' decoders (no I/O).
     for path in _modules("decoding"):
         for name in _imports(path):
             if name.startswith("packedss"):
                 assert name.startswith(("packedss.decoding", "packedss.errors")), f"{path.name} imports {name}"
             else:
                 assert name.split(".")[0] in {"torch", "__future__", "abc", "collections", "dataclasses", "enum",
-                                              "functools", "hashlib", "math", "threading", "time", "typing"}, f"{path.name}: {name}"  # fmt: skip
+                                              "functools", "hashlib", "math", "time", "typing"}, f"{path.name}: {name}"  # fmt: skip
 
 
 def test_nothing_outside_the_adapters_reaches_into_a_backbone():

@@ -20,8 +20,8 @@ from packedss.decoding import (
     Decoder,
     LTRSettings,
     StopCheck,
-    drive,
 )
+from packedss.decoding.driver import Response, run_alone
 from packedss.errors import PackedSSError
 
 
@@ -67,10 +67,16 @@ class Family:
             f"invalid schedule={name!r} for the {self.name} family; valid choices: {', '.join(self.schedules)}"
         )
 
+    def response(self, model: CallModel, prompt: Sequence[int], settings: DecodeSettings,
+                 stop_check: StopCheck | None = None) -> Response:  # fmt: skip
+        """One response of the settings' schedule, as a coroutine (run alone by `decode`, or in a
+        batch by packedss.decoding.engine)."""
+        return Response(model, prompt, settings, stop_check, self.schedule(settings.schedule))
+
     def decode(self, model: CallModel, prompt: Sequence[int], settings: DecodeSettings,
                stop_check: StopCheck | None = None) -> Decoded:  # fmt: skip
         """Decode one response with the settings' schedule."""
-        return drive(model, prompt, settings, stop_check, self.schedule(settings.schedule))
+        return run_alone(self.response(model, prompt, settings, stop_check))
 
     def largest_width(self, max_block: int) -> int:
         """The largest W whose block fits a drafter of `max_block` rows (0: none does)."""

@@ -24,13 +24,14 @@ import packedss
 from packedss.errors import PackedSSError
 from packedss.config import check_out_dir, validate, validate_width
 from packedss.decoding import Sampling
-from packedss.decoding.batching import Request, decode_batched
+from packedss.decoding.driver import run_alone
+from packedss.decoding.engine import Request, decode_batched
 from packedss.decoding.verify import question_seed
 from packedss.families import family_named
 from packedss.job import job_spec, task_config_for
 from packedss.models import load_adapter, load_tokenizer, resolve_path, select_checkpoint
 from packedss.models.checkpoint import read_config
-from packedss.models.batched import batched_executor
+from packedss.models.executors import batched_executor
 from packedss.models.checkpoint import resolve_dtype
 from packedss.models.cost_twin import CostTwin, available_bytes, build_cost_model, cost_spec
 from packedss.models.static import end_warmup, enable_static, static_capacity
@@ -127,7 +128,7 @@ def run_job(cfg) -> JobResult:
     settings_fields = family.settings_fields(spec.schedule, {"pad_verify": cfg.schedule.pad_verify, "order": spec.order,
                                                              "native_window": spec.native_window}, max_block)  # fmt: skip
 
-    def decode_question(model, question_id: str, sample: int, ids: list[int]):
+    def question_response(model, question_id: str, sample: int, ids: list[int]):
         generator = None
         if not greedy:
             generator = torch.Generator(device=device).manual_seed(question_seed(spec.seed, question_id, sample))
@@ -139,7 +140,7 @@ def run_job(cfg) -> JobResult:
             "sampling": Sampling(temperature=spec.temperature, rule=cfg.verify, generator=generator),
             "timing": spec.timing,
         }
-        return family.decode(model, ids, family.settings_type(**(fields | settings_fields)), stop_check)
+        return family.response(model, ids, family.settings_type(**(fields | settings_fields)), stop_check)
 
     budget = model.prompt_budget(spec.max_new_tokens, largest_call)
     if budget is not None and budget < 1:
@@ -177,16 +178,16 @@ def run_job(cfg) -> JobResult:
 
     def decoded(pending):
         """(response, its prompt ids and truncation) with its Decoded, as each finishes: one at a
-        time, or `concurrency` at a time in batched calls (packedss.decoding.batching)."""
+        time, or `concurrency` at a time in batched calls (packedss.decoding.engine)."""
         responses = []
         for question, sample, repeat in pending:
             ids, truncated = prompt_ids(question)
             responses.append((question, sample, repeat, ids, truncated))
         if executor is None:
             for response in responses:
-                yield response, decode_question(model, response[0].question_id, response[1], response[3])
+                yield response, run_alone(question_response(model, response[0].question_id, response[1], response[3]))
             return
-        requests = [Request(response, partial(decode_question, question_id=response[0].question_id,
+        requests = [Request(response, partial(question_response, question_id=response[0].question_id,
                                               sample=response[1], ids=response[3]))
                     for response in responses]  # fmt: skip
         for request, out in decode_batched(executor, requests, slots):

@@ -65,6 +65,17 @@ def test_each_row_is_one_run_at_one_c_with_its_own_sums(swept):
     assert list(table.display.columns[:6]) == ["Model", "Task", "Regime", "Method", "W", "C"]
 
 
+def test_host_ms_per_round_is_the_host_time_over_the_batched_calls(swept):
+    root, records, results, table, _ = swept
+    for _, row in table.data.iterrows():
+        schedule = {"AR": "ar", "Linear-SS": "linear", "Packed-SS": "packed"}[row["Method"]]
+        own = [r for r in records if r["schedule"] == schedule and r["concurrency"] == int(row["C"])]
+        # Every call of a record at C carried C requests: C records share each batched call.
+        rounds = sum(r["nfe_total"] for r in own) / int(row["C"])
+        host = sum(r["wall_s"] - r["model_s"] for r in own)
+        assert row["Host ms / round"] == pytest.approx(host / rounds * 1000)
+
+
 def test_latency_percentiles_interpolate_linearly(tmp_path):
     # latencies k, 2k, ..., 12k: p50 = 6.5k, p95 = k * (1 + 0.95 * 11) = 11.45k (numpy's linear rule)
     records = [

@@ -7,10 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from packedss.decoding import LTRSettings, Sampling, decode_ltr
-from packedss.decoding.anyorder import AnyOrderSettings, decode_anyorder
-from packedss.decoding.batching import Request, decode_batched
+from packedss.decoding import LTRSettings, Sampling
+from packedss.decoding.anyorder import AnyOrderSettings
+from packedss.decoding.anyorder import ANYORDER_DECODERS
 from packedss.decoding.calls import causal_segment, pack
+from packedss.decoding.driver import Response, run_alone, schedule_named
+from packedss.decoding.engine import Request, decode_batched
+from packedss.decoding.schedules import LTR_DECODERS
 from packedss.models.batched_static import StaticBatch
 from packedss.models.nemotron import load_nemotron
 from packedss.models.setdlm import load_setdlm
@@ -22,12 +25,16 @@ PROMPTS = [[5, 17, 33, 8, 91, 12, 7], [9, 4], [40, 41, 42, 43, 44, 45, 46, 47, 4
 CAPS = [24, 10, 18, 5, 14]
 
 
-def _requests(decode, settings_for):
-    return [Request(k, lambda model, k=k: decode(model, PROMPTS[k], settings_for(CAPS[k]))) for k in range(len(PROMPTS))]
+def _requests(decoders, settings_for):
+    def start(model, k):
+        settings = settings_for(CAPS[k])
+        return Response(model, PROMPTS[k], settings, None, schedule_named(decoders, settings.schedule))
+
+    return [Request(k, lambda model, k=k: start(model, k)) for k in range(len(PROMPTS))]
 
 
 def _check(model, requests, batch):
-    alone = {request.key: request.decode(model) for request in requests}
+    alone = {request.key: run_alone(request.start(model)) for request in requests}
     for _ in decode_batched(batch, requests[:3], 3):  # the warm-up: shapes seen twice compile
         pass
     batch.end_warmup()
@@ -45,7 +52,7 @@ def test_compiled_batched_ltr_calls_give_the_outputs_of_one_at_a_time(schedule):
     settings = lambda cap: LTRSettings(schedule, 4, cap, (2,), GREEDY)  # noqa: E731
     capacity = static_capacity(max(map(len, PROMPTS)), max(CAPS), 2 * 5)
     batch = StaticBatch(model, 3, "default", capacity)
-    together, timed = _check(model, _requests(decode_ltr, settings), batch)
+    together, timed = _check(model, _requests(LTR_DECODERS, settings), batch)
     rows = 1 if schedule == "ar" else 10
     assert list(batch.compile_s) == [f"3x{rows} rows"]
     assert timed["compiled"] > 0 and timed["eager"] == timed["padded"] == 0
@@ -58,12 +65,12 @@ def test_rounds_of_fewer_rows_run_padded_on_a_larger_graph():
     model = load_nemotron(PROJECT_ROOT / "assets" / "models" / "tiny", dtype="float32")
     capacity = static_capacity(max(map(len, PROMPTS)), max(CAPS), 2 * 5)
     batch = StaticBatch(model, 3, "default", capacity)
-    packed = _requests(decode_ltr, lambda cap: LTRSettings("packed", 4, cap, (2,), GREEDY))
+    packed = _requests(LTR_DECODERS, lambda cap: LTRSettings("packed", 4, cap, (2,), GREEDY))
     for _ in decode_batched(batch, packed[:3], 3):  # compiles the 3 x 10-row graph
         pass
     batch.end_warmup()
-    linear = _requests(decode_ltr, lambda cap: LTRSettings("linear", 4, cap, (2,), GREEDY))
-    alone = {request.key: request.decode(model) for request in linear}
+    linear = _requests(LTR_DECODERS, lambda cap: LTRSettings("linear", 4, cap, (2,), GREEDY))
+    alone = {request.key: run_alone(request.start(model)) for request in linear}
     before = dict(batch.calls)
     together = {request.key: out for request, out in decode_batched(batch, linear, 3)}
     assert {key: out.tokens for key, out in together.items()} == {key: out.tokens for key, out in alone.items()}
@@ -77,7 +84,7 @@ def test_any_order_rounds_of_varying_row_counts_give_the_outputs_of_one_at_a_tim
     settings = lambda cap: AnyOrderSettings("packed", 4, cap, (2,), GREEDY, order="confidence")  # noqa: E731
     capacity = static_capacity(max(map(len, PROMPTS)), max(CAPS), 64)
     batch = StaticBatch(model, 3, "default", capacity, max_graphs=1)
-    _, timed = _check(model, _requests(decode_anyorder, settings), batch)
+    _, timed = _check(model, _requests(ANYORDER_DECODERS, settings), batch)
     assert len(batch.compile_s) == 1
     # Rounds of the compiled row count ran compiled, larger ones eagerly on the same caches.
     assert timed["compiled"] > 0 and timed["eager"] > 0, (batch.compile_s, timed)

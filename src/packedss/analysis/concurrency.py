@@ -181,8 +181,20 @@ def latency_percentiles(records: pd.DataFrame) -> tuple[float, float]:
     return float(p50), float(p95)
 
 
+def host_ms_per_round(records: pd.DataFrame) -> float:
+    """(Σ wall - Σ model) / batched calls, in ms: the host time of a round, the job's elapsed time
+    less its calls' model time over its batched calls. A record's call carried `call_requests`
+    requests, so the batched calls are Σ 1 / call_requests over every record's calls. NaN for
+    records without call_requests."""
+    if "call_requests" not in records or records["call_requests"].isna().any():
+        return math.nan
+    rounds = sum(1.0 / requests for calls in records["call_requests"] for requests in calls)
+    host = float((records["wall_s"] - records["model_s"]).sum())
+    return host / rounds * 1000 if rounds else math.nan
+
+
 def run_point(run: Run) -> dict:
-    """System throughput and latency of one run (the numbers the table and the figure show)."""
+    """System throughput, latency and host time of one run (the numbers the table and the figure show)."""
     wall = float(run.records["wall_s"].sum())
     p50, p95 = latency_percentiles(run.records)
     return {
@@ -190,6 +202,7 @@ def run_point(run: Run) -> dict:
         "Tokens/s (system)": float(run.records["output_tokens"].sum()) / wall if wall > 0 else math.nan,
         "Latency p50 (s)": p50,
         "Latency p95 (s)": p95,
+        "Host ms / round": host_ms_per_round(run.records),
     }
 
 
@@ -254,6 +267,7 @@ VALUE_COLS = [
     Col("Tokens/s (system)", digits=2),
     Col("Latency p50 (s)", digits=3),
     Col("Latency p95 (s)", digits=3),
+    Col("Host ms / round", digits=3),
     Col("Time / Linear-SS", kind="ci", digits=3),
     Col("Pairs", kind="text"),
 ]
@@ -292,7 +306,8 @@ def concurrency_tables(records: pd.DataFrame, responses: pd.DataFrame, n_resampl
     notes = [
         "One row per run and concurrency C (responses decoded together, each call carrying every active one's rows), "
         "for the runs measured at two or more C. Tokens/s (system) = Σ output tokens / Σ wall over every timed "
-        "record: at C > 1 a response's wall is its share of each batched call's model time plus its own host time, "
+        "record: at C > 1 a response's wall is its share of each batched call's model time plus its share of the host time "
+        "between batched calls, "
         "so Σ wall is the jobs' elapsed time.",
         "Latency p50/p95: numpy.percentile (linear interpolation) of latency_s, the response's first call's start to "
         "its last call's end, over every timed record. Time / Linear-SS = Σ wall / Σ wall of the Linear-SS run at the "
@@ -300,6 +315,8 @@ def concurrency_tables(records: pd.DataFrame, responses: pd.DataFrame, n_resampl
         "questions (BCa, percentile fallback); below 1 the schedule takes less time than Linear-SS.",
         "Regime: eager or compiled calls, dtype, torch threads, device, and cost:<label> where a cost twin's model "
         "time is recorded.",
+        "Host ms / round = (Σ wall - Σ model) / batched calls, the batched calls being Σ 1 / call_requests over every "
+        "record's calls: the host work of a round between its model calls (at C = 1, per call).",
     ]
     if any(math.isnan(r["Latency p95 (s)"]) for r in rows):
         notes.append("Latency '-': records without latency_s (written before concurrency was recorded).")

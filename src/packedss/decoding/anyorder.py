@@ -23,7 +23,7 @@ from collections.abc import Sequence
 import torch
 
 from packedss.decoding.calls import Call, CallModel, Layout, Role, Segment, layout_of, pack
-from packedss.decoding.driver import AnyOrderSettings, Decoder, drive, proposals_ahead, schedule_named
+from packedss.decoding.driver import AnyOrderSettings, Decoder, Steps, drive, proposals_ahead, schedule_named
 from packedss.decoding.trace import Decoded, StopCheck
 from packedss.decoding.verify import next_token, probabilities, propose, verify
 
@@ -154,7 +154,7 @@ class _SetDecoder(Decoder):
         return probs.gather(1, drafts.view(-1, 1)).view(-1).tolist()
 
     # ----------------------------------------------------------------- running calls
-    def run(self, kind, prefix, clean, clean_real, masks, levels, mask_real, u, read_from=0):
+    def run(self, kind, prefix, clean, clean_real, masks, levels, mask_real, u, read_from=0) -> Steps:
         """Build and run one call; `prefix` and `clean` are lists of (position, token), `prefix`
         is written to the cache; logits of rows `read_from`.. come back."""
         rows, written = prefix + clean, len(prefix)
@@ -170,18 +170,18 @@ class _SetDecoder(Decoder):
                         clean_real, positions[len(rows) :], levels, mask_real, self.mask)  # fmt: skip
         if read_from:
             call = dataclasses.replace(call, read_from=read_from)
-        logits = self.meter.run(call)
+        logits = yield call
         self.kinds.append(kind)
         self.u.append(u)
         self.p.append(0 if kind == "prefill" else len(prefix))
         self.resolved.append(0)
         return logits
 
-    def run_window(self, kind: str, prefix: list[tuple[int, int]], window: list[int]) -> torch.Tensor:
+    def run_window(self, kind: str, prefix: list[tuple[int, int]], window: list[int]) -> Steps:
         """A call of the prefix and one mask query per window position, seeing the prefix only;
         commits the prefix and returns the queries' logits."""
         u = len(window)
-        logits = self.run(kind, prefix, [], [], window, [0] * u, [True] * u, u, read_from=len(prefix))
+        logits = yield from self.run(kind, prefix, [], [], window, [0] * u, [True] * u, u, read_from=len(prefix))
         self.model.commit(len(prefix))
         return logits
 
@@ -239,13 +239,13 @@ class _SetDecoder(Decoder):
         return h, self.resolve(items + self.pending)
 
     # ----------------------------------------------------------------- prefill and records
-    def prefill(self) -> bool:
+    def prefill(self) -> Steps:
         prompt = list(zip(range(self.length), self.prompt))
         if self.settings.order == "confidence":
             window = self.window()
-            return self.start_block(window, self.run_window("prefill", prompt, window))
+            return self.start_block(window, (yield from self.run_window("prefill", prompt, window)))
         width = self.settings.width if self.drafts_at_prefill else 1
-        logits = self.run_window("prefill", prompt, list(range(self.length, self.length + width)))
+        logits = yield from self.run_window("prefill", prompt, list(range(self.length, self.length + width)))
         first = next_token(logits[0], self.settings.sampling).tolist()[0]
         self.note([0], logits[:1])
         if width > 1:
@@ -272,12 +272,12 @@ class _AR(_SetDecoder):
     def largest_call_rows(width: int) -> int:
         return width + 1  # p + u
 
-    def step(self) -> bool:
+    def step(self) -> Steps:
         window = self.window()
         if self.starting:
-            return self.start_block(window, self.run_window("ar", self.pending, window))
+            return self.start_block(window, (yield from self.run_window("ar", self.pending, window)))
         nxt = self.order(window)[0] if self.settings.order == "confidence" else window[0]
-        logits = self.run_window("ar", self.pending, [nxt])
+        logits = yield from self.run_window("ar", self.pending, [nxt])
         item = (nxt, next_token(logits[-1], self.settings.sampling).tolist()[0])
         self.note([nxt - self.length], logits[-1:])
         self.pending = [item]
@@ -297,11 +297,11 @@ class _Linear(_SetDecoder):
     def rows_per_iteration(width: int) -> int:
         return 1 + 3 * width
 
-    def step(self) -> bool:
+    def step(self) -> Steps:
         window = self.window()
         u = len(window)
         starting = self.starting
-        logits = self.run_window("draft", self.pending, window)
+        logits = yield from self.run_window("draft", self.pending, window)
         self.pending = []
         tokens, q = propose(logits, self.settings.sampling)
         self.store(window, tokens, q)
@@ -309,7 +309,7 @@ class _Linear(_SetDecoder):
             self.keys = dict(zip(window, self.confidences(logits, tokens)))
         sigma = self.order(window)
         clean = [(i, self.drafts[i][0]) for i in sigma]
-        logits = self.run("verify", [], clean, [True] * u, sigma, list(range(u)), [True] * u, u)
+        logits = yield from self.run("verify", [], clean, [True] * u, sigma, list(range(u)), [True] * u, u)
         _, done = self.verify_ranks(sigma, logits[u:])
         return done
 
@@ -327,7 +327,7 @@ class _Packed(_SetDecoder):
     def rows_per_iteration(width: int) -> int:
         return 1 + 3 * width
 
-    def step(self) -> bool:
+    def step(self) -> Steps:
         window = self.window()
         u, p = len(window), len(self.pending)
         starting = self.starting
@@ -338,7 +338,7 @@ class _Packed(_SetDecoder):
         query_real = [r < first_missing + 1 and not starting for r in range(u)]
         masks = sigma + window
         levels = list(range(u)) + [0] * u
-        logits = self.run("packed", self.pending, clean, real, masks, levels, query_real + [True] * u, u)
+        logits = yield from self.run("packed", self.pending, clean, real, masks, levels, query_real + [True] * u, u)
         draft_logits = logits[p + 2 * u :]
         if starting:
             self.model.commit(p)
@@ -363,7 +363,7 @@ class _Quadratic(_SetDecoder):
     def rows_per_iteration(width: int) -> int:
         return 1 + 2 * width + width * width
 
-    def step(self) -> bool:
+    def step(self) -> Steps:
         window = self.window()
         u, p, width = len(window), len(self.pending), self.settings.width
         starting = self.starting
@@ -386,7 +386,7 @@ class _Quadratic(_SetDecoder):
             levels += [k] * u
             block_real += ok
         masks = [i for rows in blocks for i in rows]
-        logits = self.run("quadratic", self.pending, clean, real, masks, levels, block_real, u)
+        logits = yield from self.run("quadratic", self.pending, clean, real, masks, levels, block_real, u)
         block_logits = logits[p + u :].view(u + 1, u, -1)
         if starting:
             self.model.commit(p)
@@ -426,13 +426,13 @@ class _Native(_SetDecoder):
         self.pending = items  # by position: the next call writes them in this order
         return self.resolve(items)
 
-    def prefill(self) -> bool:
+    def prefill(self) -> Steps:
         window = self.window()
-        return self.resolve_confident(window, self.run_window("prefill", list(enumerate(self.prompt)), window))
+        return self.resolve_confident(window, (yield from self.run_window("prefill", list(enumerate(self.prompt)), window)))
 
-    def step(self) -> bool:
+    def step(self) -> Steps:
         window = self.window()
-        return self.resolve_confident(window, self.run_window("native", self.pending, window))
+        return self.resolve_confident(window, (yield from self.run_window("native", self.pending, window)))
 
 
 ANYORDER_DECODERS: tuple[type[Decoder], ...] = (_AR, _Linear, _Quadratic, _Packed, _Native)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 
@@ -197,3 +197,18 @@ class Layout:
 def layout_of(call: Call) -> Layout:
     """The layout of a call built once (its tokens and positions are dropped)."""
     return Layout(call.roles, call.attend, call.rows_useful, call.draft_rows, call.rule)
+
+
+class Planned(NamedTuple):
+    """A call of a shared layout whose tokens are still parts (the filled-in rows, then constant
+    masks) and whose positions are `offsets` + `position`. Alone, a driver builds it (one `cat`
+    and one add); the batch engine (packedss.decoding.engine) builds every request's planned call
+    of a round into one batched call instead, without a tensor op per request."""
+
+    layout: Layout
+    offsets: torch.Tensor  # (R,) long: each row's position minus `position`
+    parts: list  # token parts, in row order
+    position: int
+
+    def build(self) -> Call:
+        return self.layout.call(torch.cat(self.parts), self.offsets + self.position)

@@ -2,18 +2,25 @@
 
 A schedule is a `Decoder` with `prefill` and `step`; the driver owns the loop, the per-iteration
 token counts and the cache reset, so both families (LTR and any-order) share them.
+
+Decoders are coroutines: `prefill` and `step` are generators that yield every model call (a
+`Call`, or a `Planned` one) and every `Host` step of host work, and receive what it gives back
+(a call's logits, the step's result). A `Response` wraps one decode as such a coroutine. Alone
+(`drive`, C = 1), `run_alone` runs each call on the model through the response's meter and each
+Host step as the plain function call it names. The batch engine (packedss.decoding.engine) runs
+many responses' coroutines side by side and the same step of every request at once.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Container, Sequence
+from collections.abc import Container, Generator, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
-from packedss.decoding.calls import CallModel
+from packedss.decoding.calls import Call, CallModel
 from packedss.decoding.trace import Decoded, Emitter, Meter, StopCheck
 from packedss.decoding.verify import NearTies, Sampling, propose
 
@@ -63,6 +70,20 @@ class AnyOrderSettings(DecodeSettings):
             raise ValueError(f"unknown verification order {self.order!r}; valid: {ORDERS}")
 
 
+class Host:
+    """A step of host work a decoder hands to its driver: `fn(*args)`, whose result is sent back.
+    The function is looked up where the decoder names it, so a test that replaces it (e.g. the
+    schedules' `verify`) replaces what runs."""
+
+    __slots__ = ("fn", "args")
+
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+
+Steps = Generator  # a decoder's coroutine: yields calls and Host steps, receives their results
+
+
 @dataclass(frozen=True)
 class Proposals:
     """Draft tokens at some positions and the distribution q each was sampled from (None when greedy)."""
@@ -104,6 +125,8 @@ class Decoder(ABC):
     lossy: ClassVar[bool] = False  # not meant to equal the AR output (native decoding)
     reads_pad_verify: ClassVar[bool] = False  # its calls change with the settings' pad_verify
     rows_formula: ClassVar[str] = ""  # the paper's rows per iteration (Table 2); "" where it gives none
+    # Its host work is Host steps on logits it only slices: in a batch it gets Rows (rows.py), not tensors.
+    batched_steps: ClassVar[bool] = False
 
     @staticmethod
     @abstractmethod
@@ -134,12 +157,13 @@ class Decoder(ABC):
             self.ties.note(indexes, rows)
 
     @abstractmethod
-    def prefill(self) -> bool:
-        """The first call: write the prompt and produce the first token(s)."""
+    def prefill(self) -> Steps:
+        """The first call: write the prompt and produce the first token(s). Returns True when
+        decoding must stop."""
 
     @abstractmethod
-    def step(self) -> bool:
-        """One iteration after prefill."""
+    def step(self) -> Steps:
+        """One iteration after prefill; returns True when decoding must stop."""
 
     def extra(self) -> dict:
         """Family-specific record fields."""
@@ -154,26 +178,34 @@ def schedule_named(decoders: Sequence[type[Decoder]], name: str) -> type[Decoder
     raise ValueError(f"unknown schedule {name!r}; valid: {', '.join(d.name for d in decoders)}")
 
 
-def drive(
-    model: CallModel,
-    prompt: Sequence[int],
-    settings: DecodeSettings,
-    stop_check: StopCheck | None,
-    schedule: type[Decoder],
-) -> Decoded:
-    """Decode one response with `schedule` on a fresh cache, dropped again however decoding ends."""
-    settings.check(prompt)
-    model.reset()
+class Response:
+    """One response to decode with `schedule` on a fresh cache of `model`, as a coroutine: `steps`
+    yields each call and Host step, and returns the Decoded; `meter` counts and times its calls.
+    The cache is dropped again however decoding ends (also when `steps` is closed early)."""
+
+    def __init__(self, model: CallModel, prompt: Sequence[int], settings: DecodeSettings,
+                 stop_check: StopCheck | None, schedule: type[Decoder]):  # fmt: skip
+        settings.check(prompt)
+        model.reset()
+        try:
+            self.decoder = schedule(model, prompt, settings, stop_check)
+        except BaseException:
+            model.reset()
+            raise
+        self.meter = self.decoder.meter
+        self.steps = _steps(model, self.decoder, len(prompt))
+
+
+def _steps(model: CallModel, decoder: Decoder, prompt_tokens: int) -> Steps:
     try:
-        decoder = schedule(model, prompt, settings, stop_check)
         # Per iteration after prefill: tokens produced, drafts verified, drafts accepted.
         accepted: list[int] = []
         drafted: list[int] = []
         accepted_drafts: list[int] = []
-        done = decoder.prefill()
+        done = yield from decoder.prefill()
         while not done:
             before = (decoder.produced, decoder.draft_proposed, decoder.draft_accepted)
-            done = decoder.step()
+            done = yield from decoder.step()
             accepted.append(decoder.produced - before[0])
             drafted.append(decoder.draft_proposed - before[1])
             accepted_drafts.append(decoder.draft_accepted - before[2])
@@ -183,8 +215,35 @@ def drive(
         extra = decoder.extra()
         if decoder.ties is not None:
             extra["near_ties"] = decoder.ties.read(len(emitter.tokens))
-        return decoder.meter.finish(
-            emitter, len(prompt), accepted, drafted, accepted_drafts, truncated_tokens, extra
-        )
+        return decoder.meter.finish(emitter, prompt_tokens, accepted, drafted, accepted_drafts, truncated_tokens, extra)
     finally:
         model.reset()
+
+
+def run_alone(response: Response) -> Decoded:
+    """Drive one response to its end: each call runs on the model through its meter, each Host
+    step is its function called."""
+    steps, meter = response.steps, response.meter
+    result = None
+    try:
+        while True:
+            op = steps.send(result)
+            if type(op) is Host:
+                result = op.fn(*op.args)
+            else:
+                result = meter.run(op if isinstance(op, Call) else op.build())
+    except StopIteration as stop:
+        return stop.value
+    finally:
+        steps.close()
+
+
+def drive(
+    model: CallModel,
+    prompt: Sequence[int],
+    settings: DecodeSettings,
+    stop_check: StopCheck | None,
+    schedule: type[Decoder],
+) -> Decoded:
+    """Decode one response with `schedule` on a fresh cache, dropped again however decoding ends."""
+    return run_alone(Response(model, prompt, settings, stop_check, schedule))

@@ -18,6 +18,7 @@ from packedss.decoding.calls import (
     Call,
     CallModel,
     Layout,
+    Planned,
     Role,
     block_segment,
     causal_segment,
@@ -26,23 +27,23 @@ from packedss.decoding.calls import (
     pack,
     pad_segment,
 )
-from packedss.decoding.driver import Decoder, LTRSettings, drive, proposals_ahead, schedule_named
+from packedss.decoding.driver import Decoder, Host, LTRSettings, Steps, drive, proposals_ahead, schedule_named
 from packedss.decoding.trace import Decoded, StopCheck
-from packedss.decoding.verify import last_token, next_token, propose, upload, verify
+from packedss.decoding.verify import first_token, last_token, propose, upload, verify
 
 
 @dataclass(frozen=True)
 class _Shape:
     """An LTR call shape: its layout, each row's position minus n, and the constant MASK tokens
     that follow the filled-in rows. Building a call is then one `cat` for the tokens and one add
-    for the positions."""
+    for the positions (Planned.build), or a part of a batched call's."""
 
     layout: Layout
     offsets: torch.Tensor
     masks: torch.Tensor
 
-    def call(self, tokens: list[torch.Tensor], position: int) -> Call:
-        return self.layout.call(torch.cat(tokens), self.offsets + position)
+    def call(self, tokens: list, position: int) -> Planned:
+        return Planned(self.layout, self.offsets, tokens, position)
 
 
 def _mask_tokens(count: int, mask_token_id: int, device: torch.device) -> torch.Tensor:
@@ -93,11 +94,22 @@ def _quadratic_shape(block: int, mask_token_id: int, device: torch.device) -> _S
     return _Shape(Layout(roles, attend, rows, block * block), offsets, _mask_tokens(block * block, mask_token_id, device))
 
 
+def _quadratic_plan(last, drafts, position: int, mask_token_id: int, device: torch.device) -> Planned:
+    shape = _quadratic_shape(len(drafts) + 1, mask_token_id, device)
+    return shape.call([last, drafts, shape.masks], position)
+
+
 def quadratic_call(last: torch.Tensor, drafts: torch.Tensor, position: int, mask_token_id: int) -> Call:
     """B verify rows [last@n, d_1..d_W] (causal) followed by B draft blocks; block k holds B
     masks at n+k+1..n+k+B that see the cache, verify rows 0..k and their own block."""
-    shape = _quadratic_shape(drafts.shape[0] + 1, mask_token_id, last.device)
-    return shape.call([last.view(1), drafts, shape.masks], position)
+    return _quadratic_plan(last.view(1), drafts, position, mask_token_id, last.device).build()
+
+
+def _packed_plan(last, drafts, position: int, width: int, mask_token_id: int, pad_verify: bool,
+                 device: torch.device) -> Planned:  # fmt: skip
+    shape = _packed_shape(len(drafts), width, mask_token_id, pad_verify, device)
+    pad = len(shape.masks) - width
+    return shape.call([last, drafts, shape.masks[:pad], last, shape.masks[pad:]], position)
 
 
 def packed_call(
@@ -105,11 +117,7 @@ def packed_call(
 ) -> Call:
     """Verify rows [last@n, d_1..d_m] (causal), optional padding to B rows, then the draft
     block [last@n, MASK@n+1..n+W] that sees the cache and its own block only."""
-    m = drafts.shape[0]
-    shape = _packed_shape(m, width, mask_token_id, pad_verify, last.device)
-    last = last.view(1)
-    pad = shape.masks.shape[0] - width
-    return shape.call([last, drafts, shape.masks[:pad], last, shape.masks[pad:]], position)
+    return _packed_plan(last.view(1), drafts, position, width, mask_token_id, pad_verify, last.device).build()
 
 
 class _LTRDecoder(Decoder):
@@ -117,6 +125,7 @@ class _LTRDecoder(Decoder):
 
     settings: LTRSettings
     last: torch.Tensor  # (1,) long; set by prefill
+    batched_steps = True
 
     def __init__(self, model: CallModel, prompt: Sequence[int], settings: LTRSettings, stop_check: StopCheck | None):
         super().__init__(model, prompt, settings, stop_check)
@@ -127,13 +136,18 @@ class _LTRDecoder(Decoder):
         self.produced += len(tokens)
         return self.emitter.emit(tokens)
 
-    def prefill_prompt(self) -> bool:
+    def prefill_prompt(self) -> Steps:
         """Prefill without a draft: the prompt's last row gives the first token."""
-        logits = self.meter.run(pack([causal_segment(self.prompt_ids, 0)], read_from=len(self.prompt) - 1))
+        logits = yield pack([causal_segment(self.prompt_ids, 0)], read_from=len(self.prompt) - 1)
         self.model.commit(len(self.prompt))
-        self.last = next_token(logits[-1], self.settings.sampling)
-        self.note([self.produced], logits[-1:])
-        return self.emit(self.last.tolist())
+        return (yield from self.first(logits[-1:]))
+
+    def first(self, row) -> Steps:
+        """Emit the token the verifier row `row` (one row of logits) gives."""
+        emitted = yield Host(first_token, row, self.settings.sampling)
+        self.last = emitted.last
+        self.note([self.produced], row if emitted.deciding is None else emitted.deciding)
+        return self.emit(emitted)
 
     def verified(self, emitted: list[int], drafts: int) -> bool:
         """Commit and emit what a verification of `drafts` drafts emitted."""
@@ -162,16 +176,14 @@ class _AR(_LTRDecoder):
     def shape(self) -> _Shape:
         return _causal_shape(1, self.model.device)
 
-    def prefill(self) -> bool:
-        return self.prefill_prompt()
+    def prefill(self) -> Steps:
+        return (yield from self.prefill_prompt())
 
-    def step(self) -> bool:
-        logits = self.meter.run(self.shape.call([self.last], self.position))
+    def step(self) -> Steps:
+        logits = yield self.shape.call([self.last], self.position)
         self.model.commit(1)
-        self.last = next_token(logits[0], self.settings.sampling)
-        self.note([self.produced], logits[:1])
         self.position += 1
-        return self.emit(self.last.tolist())
+        return (yield from self.first(logits[:1]))
 
 
 class _Linear(_LTRDecoder):
@@ -195,16 +207,16 @@ class _Linear(_LTRDecoder):
     def verify_shape(self) -> _Shape:
         return _causal_shape(self.settings.block, self.model.device)
 
-    def prefill(self) -> bool:
-        return self.prefill_prompt()
+    def prefill(self) -> Steps:
+        return (yield from self.prefill_prompt())
 
-    def step(self) -> bool:
+    def step(self) -> Steps:
         sampling, position = self.settings.sampling, self.position
-        logits = self.meter.run(self.draft_shape.call([self.last, self.draft_shape.masks], position))
+        logits = yield self.draft_shape.call([self.last, self.draft_shape.masks], position)
         self.model.commit(0)
-        drafts, draft_probs = propose(logits[1:], sampling)
-        logits = self.meter.run(self.verify_shape.call([self.last, drafts], position))
-        emitted = verify(logits, drafts, draft_probs, sampling)
+        drafts, draft_probs = yield Host(propose, logits[1:], sampling)
+        logits = yield self.verify_shape.call([self.last, drafts], position)
+        emitted = yield Host(verify, logits, drafts, draft_probs, sampling)
         done = self.verified(emitted, self.settings.width)
         self.position += len(emitted)
         return done
@@ -222,7 +234,7 @@ class _Quadratic(_LTRDecoder):
     def rows_per_iteration(width: int) -> int:
         return (width + 1) * (width + 2)
 
-    def prefill(self) -> bool:
+    def prefill(self) -> Steps:
         length, block, sampling = len(self.prompt), self.settings.block, self.settings.sampling
         device = self.model.device
         # Prefill with the first draft attached: B masks at L..L+B-1 that see the whole prompt.
@@ -231,21 +243,20 @@ class _Quadratic(_LTRDecoder):
         # Logits of the prompt's last row and the block's (rows L-1..).
         call = pack([causal_segment(self.prompt_ids, 0), block_segment(masks, length)], sees={(1, 0): sees_prompt},
                     read_from=length - 1)  # fmt: skip
-        logits = self.meter.run(call)
+        logits = yield call
         self.model.commit(length)
-        self.last = next_token(logits[0], sampling)
-        self.note([0], logits[0:1])
-        self.drafts, self.draft_probs = propose(logits[2:], sampling)  # positions L+1..L+W
-        return self.emit(self.last.tolist())
+        done = yield from self.first(logits[0:1])
+        self.drafts, self.draft_probs = yield Host(propose, logits[2:], sampling)  # positions L+1..L+W
+        return done
 
-    def step(self) -> bool:
-        block = self.settings.block
-        logits = self.meter.run(quadratic_call(self.last, self.drafts, self.position, self.model.mask_token_id))
-        emitted = verify(logits[:block], self.drafts, self.draft_probs, self.settings.sampling)
+    def step(self) -> Steps:
+        block, sampling = self.settings.block, self.settings.sampling
+        logits = yield _quadratic_plan(self.last, self.drafts, self.position, self.model.mask_token_id, self.model.device)
+        emitted = yield Host(verify, logits[:block], self.drafts, self.draft_probs, sampling)
         done = self.verified(emitted, self.settings.width)
         # Block h saw exactly the accepted prefix; its first mask sits at the correction's position.
         start = block + (len(emitted) - 1) * block
-        self.drafts, self.draft_probs = propose(logits[start + 1 : start + block], self.settings.sampling)
+        self.drafts, self.draft_probs = yield Host(propose, logits[start + 1 : start + block], sampling)
         self.position += len(emitted)
         return done
 
@@ -263,7 +274,7 @@ class _Packed(_LTRDecoder):
     def rows_per_iteration(width: int) -> int:
         return 2 * (width + 1)
 
-    def prefill(self) -> bool:
+    def prefill(self) -> Steps:
         length, width, sampling = len(self.prompt), self.settings.width, self.settings.sampling
         # Prefill with the first draft attached: the block [x_{L-1}@L-1, MASK@L..L+W-1] sees the
         # prompt before its anchor, exactly as a separate draft call would after the prompt.
@@ -272,25 +283,24 @@ class _Packed(_LTRDecoder):
         block = draft_block(self.prompt_ids[-1], length - 1, width, self.model.mask_token_id)
         # Logits of the prompt's last row and the block's (rows L-1..).
         call = pack([causal_segment(self.prompt_ids, 0), block], sees={(1, 0): sees_prompt}, read_from=length - 1)
-        logits = self.meter.run(call)
+        logits = yield call
         self.model.commit(length)
-        self.last = next_token(logits[0], sampling)
-        self.note([0], logits[0:1])
+        done = yield from self.first(logits[0:1])
         first = range(length, length + 1)  # the first token's position
-        self.drafts = proposals_ahead(logits[2:], range(length, length + width), first, sampling)
-        return self.emit(self.last.tolist())
+        self.drafts = yield Host(proposals_ahead, logits[2:], range(length, length + width), first, sampling)
+        return done
 
-    def step(self) -> bool:
+    def step(self) -> Steps:
         s, n = self.settings, self.position
         drafts = self.drafts
-        m = drafts.tokens.shape[0]
-        call = packed_call(self.last, drafts.tokens, n, s.width, self.model.mask_token_id, s.pad_verify)
-        logits = self.meter.run(call)
-        emitted = verify(logits[: m + 1], drafts.tokens, drafts.probs, s.sampling)
+        m = len(drafts.tokens)
+        logits = yield _packed_plan(self.last, drafts.tokens, n, s.width, self.model.mask_token_id, s.pad_verify,
+                                    self.model.device)  # fmt: skip
+        emitted = yield Host(verify, logits[: m + 1], drafts.tokens, drafts.probs, s.sampling)
         done = self.verified(emitted, m)
         # The draft block's masks sit at n+1..n+W; the emitted tokens took n+1..n+A.
         masks, taken = range(n + 1, n + 1 + s.width), range(n + 1, n + 1 + len(emitted))
-        self.drafts = proposals_ahead(logits[-s.width :], masks, taken, s.sampling)
+        self.drafts = yield Host(proposals_ahead, logits[-s.width :], masks, taken, s.sampling)
         self.position += len(emitted)
         return done
 

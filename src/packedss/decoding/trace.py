@@ -109,8 +109,9 @@ class Meter:
     spent in the call (the model that decides the tokens) is left out of the wall time too. Such a
     model is always timed on the host ("sync").
 
-    A batched call's model (packedss.decoding.batching) states in its `call_stats` the requests
-    and rows of the whole call (BATCH_STATS) and, in `charged_s`, this request's share of its time."""
+    In a batch (packedss.decoding.engine) the engine runs the calls: it counts each request's share
+    of each batched call here (`count`, `call_model_s`), with the requests and rows of the whole
+    call among the statistics (BATCH_STATS), and sets the response's times when it ends."""
 
     def __init__(self, model: CallModel, timing: str = "sync"):
         if timing not in TIMINGS:
@@ -131,8 +132,6 @@ class Meter:
         self._last_end = 0.0
 
     def run(self, call: Call) -> torch.Tensor:
-        self.rows_evaluated.append(call.rows)
-        self.rows_useful.append(call.rows_useful)
         if self._first_call is None:
             self._first_call = time.perf_counter() - self.excluded_s
         if self.cuda:
@@ -151,13 +150,18 @@ class Meter:
                 elapsed = self.model.charged_s
             self.call_model_s.append(elapsed)
             self._last_end = time.perf_counter() - self.excluded_s
-        stats = self.model.call_stats
+        self.count(call.rows, call.rows_useful, self.model.call_stats)
+        return logits
+
+    def count(self, rows: int, useful: int, stats: dict) -> None:
+        """Count a call of `rows` rows (`useful` of them not padding) and the model's statistics of it."""
+        self.rows_evaluated.append(rows)
+        self.rows_useful.append(useful)
         self.call_requests.append(stats.get("call_requests", 1))
-        self.call_batch_rows.append(stats.get("call_batch_rows", call.rows))
+        self.call_batch_rows.append(stats.get("call_batch_rows", rows))
         for name, value in stats.items():
             if name not in BATCH_STATS:
                 self.call_stats.setdefault(name, []).append(value)
-        return logits
 
     def finish(
         self,

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 import torch
 
+from packedss.decoding.rows import Rows, concatenated
+
 VERIFY_RULES = ("rejection", "match")  # the rules a run can choose at T > 0
 GREEDY = "greedy"  # the rule recorded at T = 0, where both rules reduce to exact match
 
@@ -67,6 +69,12 @@ def next_token(logits: torch.Tensor, sampling: Sampling) -> torch.Tensor:
     if sampling.greedy:
         return logits.argmax(dim=-1).view(1)
     return sample_tokens(probabilities(logits.view(1, -1), sampling.temperature), sampling.generator)
+
+
+def first_token(logits: torch.Tensor, sampling: Sampling) -> Emitted:
+    """`next_token` and its read-back: the one token a row emits, as an `Emitted` list."""
+    token = next_token(logits, sampling)
+    return Emitted(token.tolist(), token)
 
 
 def _accepted_prefix(accept: torch.Tensor) -> torch.Tensor:
@@ -163,24 +171,32 @@ class NearTies:
 
     def __init__(self) -> None:
         self.indexes: list[int] = []  # output index (position in output_ids) of each row
-        self.top2: list[torch.Tensor] = []  # (rows, 2) top logits per note
+        self.top2: list = []  # per note, (rows, 2) top logits; in a batch, Rows of [margin, near]
         self.dtype: torch.dtype | None = None
 
-    def note(self, indexes, rows: torch.Tensor) -> None:
-        """Row k of `rows` (V logits) decided the token at output index indexes[k]."""
+    def note(self, indexes, rows) -> None:
+        """Row k of `rows` (V logits) decided the token at output index indexes[k]. In a batch,
+        `rows` are Rows of the margins the engine took of every request's rows at once
+        (packedss.decoding.batched_ops)."""
         indexes = list(indexes)
         self.indexes += indexes
-        self.top2.append(rows[: len(indexes)].topk(2, dim=-1).values)
+        if isinstance(rows, torch.Tensor):
+            self.top2.append(rows[: len(indexes)].topk(2, dim=-1).values)
+        else:
+            self.top2.append(rows[: len(indexes)])
         self.dtype = rows.dtype
 
     def read(self, outputs: int) -> list[list]:
         """[output index, margin] of every near-tie among the first `outputs` output positions."""
         if not self.top2:
             return []
-        top2 = torch.cat(self.top2).float()
-        margin = top2[:, 0] - top2[:, 1]
-        near = margin <= near_tie_threshold(top2[:, 0], self.dtype)
-        margins, flags = torch.stack([margin, near.float()]).tolist()
+        if isinstance(self.top2[0], Rows):  # [margin, near] rows (batched)
+            margins, flags = concatenated(self.top2, self.top2[0].source.device).T.tolist()
+        else:
+            top2 = torch.cat(self.top2).float()
+            margin = top2[:, 0] - top2[:, 1]
+            near = margin <= near_tie_threshold(top2[:, 0], self.dtype)
+            margins, flags = torch.stack([margin, near.float()]).tolist()
         return [[i, m] for i, m, f in zip(self.indexes, margins, flags) if f and i < outputs]
 
 

@@ -24,15 +24,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
 
 import torch
 
 from packedss.decoding.calls import Call, Role
+from packedss.decoding.engine import CallBatch
 from packedss.errors import PackedSSError
 from packedss.models.attention import mask_kernel
 from packedss.models.graphs import WARM_RUNS, graph_events, timed_call_stats
-from packedss.models.batched import SlotAdapters
+from packedss.models.slots import SlotAdapters
 from packedss.models.static import COMPILE_MODES, MAX_GRAPHS, GraphAdmission, attention_windows, check_full_attention
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class _SlotState:
 
 
 class StaticBatch(SlotAdapters, GraphAdmission):
-    """A BatchExecutor (packedss.decoding.batching) of `slots` requests on static caches of
+    """A BatchExecutor (packedss.decoding.engine) of `slots` requests on static caches of
     `capacity` rows each, with compiled graphs of mode `mode` (see the module docstring)."""
 
     def __init__(self, adapter, slots: int, mode: str, capacity: int, max_graphs: int = MAX_GRAPHS):
@@ -128,7 +128,10 @@ class StaticBatch(SlotAdapters, GraphAdmission):
         return self.adapter.head(out.last_hidden_state)
 
     @torch.inference_mode()
-    def run(self, items: Sequence[tuple[int, Call]]) -> list[torch.Tensor]:
+    def run(self, batch: CallBatch) -> torch.Tensor:
+        """Every entry's call of `batch`: the decode calls in one (C, R) pass, then each prefill; the
+        logits of their read rows, entry after entry."""
+        items = [(entry.slot, batch.call(k)) for k, entry in enumerate(batch.entries)]
         for slot, call in items:
             self.slots[slot].before_call(call)
         decodes = [(slot, call) for slot, call in items if self.committed[slot]]
@@ -156,7 +159,7 @@ class StaticBatch(SlotAdapters, GraphAdmission):
                 stats |= graph_stats
             own.call_stats = stats
             results.append(own.after_call(call, logits[slot]))
-        return results
+        return torch.cat(results)
 
     def _decode(self, decodes: list[tuple[int, Call]]) -> tuple[list[torch.Tensor], int]:
         """The round's decode calls in one (C, R) forward pass; their logits and R."""
@@ -218,8 +221,8 @@ class StaticBatch(SlotAdapters, GraphAdmission):
         finally:
             if lora:
                 proposal.select(None)
-        # A CUDA graph's outputs are overwritten by its next replay: hand out copies.
-        return [out[slot, call.read_from : call.rows].clone() for slot, call in decodes]
+        # A CUDA graph's outputs are overwritten by its next replay: hand out copies (run's cat).
+        return [out[slot, call.read_from : call.rows] for slot, call in decodes]
 
     def _fill(self, decodes, rows: int, window: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The (C, R) inputs of a decode round: each slot's call and its padding, whose rows see

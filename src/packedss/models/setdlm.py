@@ -123,6 +123,10 @@ class SetDLMAdapter(BackboneAdapter):
                 f"model {self.name}: a call of {call_rows} rows does not fit its context length {self.context}; "
                 "use a smaller width"
             )
+        drop = getattr(self.static, "drop_oldest", None)  # a batch slot's cache drops its own rows
+        if drop is not None:
+            drop(rows)
+            return
         if self.static is not None:
             raise PackedSSError(
                 f"model {self.name}: this response outgrows the context length {self.context}, and the compiled "

@@ -1,0 +1,174 @@
+"""The host steps of every request of a round at once (greedy decoding): a request's Host step
+(packedss.decoding.driver.Host) of `first_token`, `propose`, `verify` or `proposals_ahead` at T = 0
+runs here together with the same step of every other request, as tensor operations over all of
+their rows, not one request after another. Each batched form gives exactly what the function gives
+one request (argmax and top-2 are row by row), as Rows of the batch's results.
+
+A batched step is `launch(args of each request, device) -> (read, finish)`: `read` is a long tensor
+to read back (None: nothing), and `finish(values)` turns the values read into each request's
+result. The engine reads back every step of a wave in one transfer, so a round synchronizes once.
+
+At T > 0 each request draws from its own generator, in its own order, so those steps run one
+request at a time (the engine calls the function itself) and every request's random stream stays
+the one it has alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from packedss.decoding.driver import Proposals, proposals_ahead
+from packedss.decoding.rows import Rows, concatenated, ranges
+from packedss.decoding.verify import Emitted, first_token, near_tie_threshold, propose, verify
+
+Finish = Callable[[list[int]], list]
+
+
+def _offsets(counts: Sequence[int]) -> list[int]:
+    out, total = [], 0
+    for count in counts:
+        out.append(total)
+        total += count
+    return out
+
+
+BLOCK = 32  # vocabulary entries per block of the two-pass argmax
+
+
+class _Greedy:
+    """Exactly `argmax` (the first largest entry) of every row of `logits` and, on demand, its
+    `topk(2).values`, in two passes, since on a CPU a row's `amax` costs a tenth of its `argmax` or
+    `topk`: the largest entry of each block of BLOCK entries, then the first block holding the
+    row's largest, then the first largest entry in that block. The second largest of a row is the
+    larger of its best block's second largest and the other blocks' largest."""
+
+    def __init__(self, logits: torch.Tensor):
+        self.logits, self._top2 = logits, None
+        count, vocabulary = logits.shape
+        self.blocked = vocabulary % BLOCK == 0 and vocabulary >= 2 * BLOCK
+        if not self.blocked:
+            self.tokens = logits.argmax(dim=-1)
+            return
+        blocks = logits.view(count, vocabulary // BLOCK, BLOCK)
+        self.block_max = blocks.amax(dim=-1)
+        self.best = self.block_max.argmax(dim=-1)
+        self.inner = blocks[torch.arange(count, device=logits.device), self.best]  # each row's best block
+        self.first = self.inner.argmax(dim=-1, keepdim=True)
+        self.tokens = self.best * BLOCK + self.first[:, 0]
+
+    @property
+    def top2(self) -> torch.Tensor:
+        if self._top2 is None:
+            if not self.blocked:
+                self._top2 = self.logits.topk(2, dim=-1).values
+            else:
+                minimum, best = float("-inf"), self.best[:, None]
+                second = torch.maximum(self.inner.scatter(1, self.first, minimum).amax(dim=-1),
+                                       self.block_max.scatter(1, best, minimum).amax(dim=-1))  # fmt: skip
+                self._top2 = torch.stack([self.block_max.gather(1, best)[:, 0], second], dim=1)
+        return self._top2
+
+
+def _margins(top2: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(rows, 2) float32: each row's top-2 margin and 1.0 where it is a near-tie (NearTies.read's
+    rule, taken here once for every request's rows; `dtype` is the logits')."""
+    top2 = top2.float()
+    margin = top2[:, 0] - top2[:, 1]
+    return torch.stack([margin, (margin <= near_tie_threshold(top2[:, 0], dtype)).float()], dim=1)
+
+
+_last: list = [None, None]  # [logits, its _Greedy] of the last round whose rows were taken whole
+
+
+def _greedy(rows: Sequence, device: torch.device, margins: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The argmax of every row of `rows` (Rows or tensors of logits) and, with `margins`, their
+    near-tie margins (`_margins`, docs/records.md). When they are rows of one round's logits, a
+    quarter of them or more, that round's are taken once for all of its rows (its later steps, e.g.
+    Packed-SS's next draft, reuse them) and the rows asked for are picked out."""
+    source = rows[0].source if type(rows[0]) is Rows else None
+    if source is not None and all(type(r) is Rows and r.source is source for r in rows):
+        if 4 * sum(len(r) for r in rows) >= len(source):
+            if _last[0] is not source:
+                _last[:] = [source, _Greedy(source)]
+            greedy = _last[1]
+            index = ranges([r.start for r in rows], [len(r) for r in rows], device)
+            if not margins:
+                return greedy.tokens.index_select(0, index), None
+            return greedy.tokens.index_select(0, index), _margins(greedy.top2.index_select(0, index), source.dtype)
+    greedy = _Greedy(concatenated(rows, device))
+    return greedy.tokens, _margins(greedy.top2, greedy.logits.dtype) if margins else None
+
+
+def _first_tokens(args: Sequence[tuple], device: torch.device) -> tuple[torch.Tensor, Finish]:
+    tokens, margins = _greedy([a[0] for a in args], device, margins=True)
+
+    def finish(values: list[int]) -> list:
+        return [Emitted([token], Rows(tokens, k, k + 1), Rows(margins, k, k + 1)) for k, token in enumerate(values)]
+
+    return tokens, finish
+
+
+def _proposals(args: Sequence[tuple], device: torch.device) -> tuple[None, Finish]:
+    counts = [len(a[0]) for a in args]
+    tokens, _ = _greedy([a[0] for a in args], device, margins=False)
+    starts = _offsets(counts)
+    return None, lambda values: [(Rows(tokens, s, s + c), None) for s, c in zip(starts, counts)]
+
+
+def _verifications(args: Sequence[tuple], device: torch.device) -> tuple[torch.Tensor, Finish]:
+    """Greedy `verify` of each request's m drafts with its m + 1 verifier rows: the accepted prefix h
+    of every request from one comparison over all of their drafts."""
+    drafts = [a[1] for a in args]
+    counts = [len(d) for d in drafts]
+    requests, widest = len(args), max(counts)
+    verified, margins = _greedy([a[0] for a in args], device, margins=True)
+    starts = _offsets([c + 1 for c in counts])
+    if widest:
+        agree = verified.index_select(0, ranges(starts, counts, device)) == concatenated(drafts, device)
+        grid = torch.zeros(requests * widest, dtype=torch.bool, device=device)
+        grid[ranges([k * widest for k in range(requests)], counts, device)] = agree
+        accepted = grid.view(requests, widest).to(torch.long).cumprod(dim=1).sum(dim=1)
+    else:
+        accepted = torch.zeros(requests, dtype=torch.long, device=device)
+
+    def finish(values: list[int]) -> list:
+        out = []
+        for k, (start, count) in enumerate(zip(starts, counts)):
+            end = start + values[k] + 1  # the h accepted drafts and one more token
+            tokens = values[requests + start : requests + end]
+            out.append(Emitted(tokens, Rows(verified, end - 1, end), Rows(margins, start, start + count + 1)))
+        return out
+
+    return torch.cat([accepted, verified]), finish
+
+
+def _proposals_ahead(args: Sequence[tuple], device: torch.device) -> tuple[None, Finish]:
+    counts = [len(a[0]) for a in args]
+    tokens, _ = _greedy([a[0] for a in args], device, margins=False)
+    starts = _offsets(counts)
+
+    def finish(values: list[int]) -> list:
+        out = []
+        for (rows, positions, resolved, _), start, count in zip(args, starts, counts):
+            keep = [k for k, position in enumerate(positions) if position not in resolved]
+            first = keep[0] if keep else count
+            if keep == list(range(first, count)):  # a suffix (always so left to right)
+                kept = Rows(tokens, start + first, start + count)
+            else:
+                kept = tokens[start:start + count][torch.tensor(keep, dtype=torch.long, device=device)]
+            out.append(Proposals([positions[k] for k in keep], kept, None))
+        return out
+
+    return None, finish
+
+
+BATCHED = {first_token: _first_tokens, propose: _proposals, verify: _verifications, proposals_ahead: _proposals_ahead}
+
+
+def batched_form(fn, args: tuple):
+    """The batched form of the Host step `fn(*args)`, or None where it runs alone (T > 0, or a
+    function without one). Every function of BATCHED takes its Sampling last."""
+    launch = BATCHED.get(fn)
+    return launch if launch is not None and args[-1].greedy else None

@@ -1,0 +1,283 @@
+"""Concurrency C: up to C responses decode together, each model call carrying every active
+request's rows (continuous batching), in one thread.
+
+Every request's decoder is the coroutine it is at C = 1 (packedss.decoding.driver.Response): it
+yields each call and each Host step and receives their results. The engine advances all of them in
+lockstep rounds. In a round:
+
+1. host waves: every request waiting on a Host step gets its result; the same step of every
+   request runs at once where it has a batched form (packedss.decoding.batched_ops, greedy
+   decoding), with one read-back for the wave, and one request at a time otherwise (T > 0: each
+   request's own generator);
+2. requests that ended leave their slots, and the next requests take them at once;
+3. one batched call (CallBatch) runs every request's call; each gets its own logits back.
+
+A request's prefill thus rides in the next batched call beside the others' decode calls.
+
+Time: a batched call's model time is shared among its requests in proportion to their rows. The
+host time between two batched calls is shared equally among the requests that worked in it, since
+their host steps now run together. So a request's wall time is its shares of both, and the
+requests' wall times add up to the job's (less the time the caller spends between results). Its
+latency is read on the job's clock, from the start of the batched call holding its first call to
+the end of the one holding its last.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, replace
+from typing import Any, NamedTuple, Protocol
+
+import torch
+
+from packedss.decoding.batched_ops import batched_form
+from packedss.decoding.calls import Call, Layout, Planned
+from packedss.decoding.driver import Host, Response
+from packedss.decoding.rows import Rows, concatenated, materialized
+from packedss.decoding.trace import Decoded
+
+
+class Entry(NamedTuple):
+    """One request's call in a batched call: its slot, layout, rows (`start` is its first row in
+    the batch) and the rows before `read_from` whose logits are not returned."""
+
+    slot: int
+    layout: Layout
+    rows: int
+    read_from: int
+    start: int
+
+
+@dataclass(frozen=True)
+class CallBatch:
+    """One call of each of several request slots: their tokens and positions, concatenated."""
+
+    entries: list[Entry]
+    tokens: torch.Tensor
+    positions: torch.Tensor
+
+    def call(self, k: int) -> Call:
+        """Entry k's call, on its own."""
+        entry = self.entries[k]
+        rows, layout = slice(entry.start, entry.start + entry.rows), entry.layout
+        return Call(self.tokens[rows], self.positions[rows], layout.roles, layout.attend, useful=layout.useful,
+                    drafts=layout.drafts, read_from=entry.read_from, rule=layout.rule)  # fmt: skip
+
+
+class BatchExecutor(Protocol):
+    """What batched decoding needs from a model (packedss.models.executors): request slots, each
+    with its own cache, and one forward pass for one call of each of several slots."""
+
+    device: torch.device
+    mask_token_id: int
+    # Seconds charged for the last batched call (a cost twin's model), None: its own run time.
+    charged_s: float | None
+
+    def run(self, batch: CallBatch) -> torch.Tensor:
+        """Run each entry's call on its slot's cache in one forward pass; the logits of every
+        entry's read rows, entry after entry."""
+
+    def commit(self, slot: int, rows: int) -> None: ...
+
+    def reset(self, slot: int) -> None: ...
+
+    def call_stats(self, slot: int) -> dict[str, int]: ...
+
+    def synchronize(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Request:
+    """One response to decode: `key` names it for the caller; `start(model)` makes its Response
+    on a CallModel (e.g. `lambda model: Response(model, prompt, settings, stop, schedule)`)."""
+
+    key: Any
+    start: Callable[[Any], Response]
+
+
+class SlotModel:
+    """The CallModel a request's decoder sees: its commits and resets go to its own slot (its
+    calls go to the engine, which batches them)."""
+
+    def __init__(self, executor: BatchExecutor, slot: int):
+        self.executor, self.slot = executor, slot
+        self.device, self.mask_token_id = executor.device, executor.mask_token_id
+        self.call_stats: dict[str, int] = {}
+
+    def run(self, call: Call) -> torch.Tensor:
+        raise RuntimeError("a batched request's calls run through the engine")
+
+    def commit(self, rows: int) -> None:
+        self.executor.commit(self.slot, rows)
+
+    def reset(self) -> None:
+        self.executor.reset(self.slot)
+
+    def synchronize(self) -> None:
+        """Nothing to wait for: the engine synchronizes after each batched call."""
+
+
+class _Slot:
+    def __init__(self, index: int, request: Request, response: Response):
+        self.index, self.request, self.response = index, request, response
+        self.steps = response.steps
+        self.rows = response.decoder.batched_steps  # its results as Rows (else as tensors)
+        self.op = None
+        self.decoded: Decoded | None = None
+        self.host_s = 0.0
+        self.first_call_start: float | None = None
+        self.last_call_end = 0.0
+
+
+class _Engine:
+    def __init__(self, executor: BatchExecutor):
+        self.executor = executor
+        self.excluded = 0.0  # time off the job's clock: the caller's, and a cost twin's deciding model's
+        self.mark = self.now()  # the start of the host time not shared yet
+        self.working: dict[int, _Slot] = {}  # the slots that worked since `mark`
+
+    def now(self) -> float:
+        return time.perf_counter() - self.excluded
+
+    def start(self, index: int, request: Request) -> _Slot:
+        slot = _Slot(index, request, request.start(SlotModel(self.executor, index)))
+        self.advance(slot, None)
+        return slot
+
+    def advance(self, slot: _Slot, result) -> None:
+        """Send `result` to the slot's coroutine; keep its next step, or its Decoded when it ended."""
+        self.working[id(slot)] = slot
+        try:
+            slot.op = slot.steps.send(result)
+        except StopIteration as stop:
+            slot.op, slot.decoded = None, stop.value
+
+    def settle(self) -> None:
+        """Share the host time since `mark` equally among the slots that worked in it."""
+        if not self.working:
+            return
+        now = self.now()
+        share = (now - self.mark) / len(self.working)
+        for slot in self.working.values():
+            slot.host_s += share
+        self.mark = now
+        self.working.clear()
+
+    def host_wave(self, slots: list[_Slot]) -> None:
+        """The Host step every slot waits on: batched where it can be, with one read-back."""
+        groups: dict[Any, list[_Slot]] = {}
+        for slot in slots:
+            op = slot.op
+            launch = batched_form(op.fn, op.args)
+            if launch is None:
+                self.advance(slot, op.fn(*map(materialized, op.args)))
+            else:
+                groups.setdefault(launch, []).append(slot)
+        launched, reads = [], []
+        for launch, members in groups.items():
+            read, finish = launch([slot.op.args for slot in members], self.executor.device)
+            launched.append((members, finish, 0 if read is None else len(read)))
+            if read is not None:
+                reads.append(read)
+        values = (reads[0] if len(reads) == 1 else torch.cat(reads)).tolist() if reads else []
+        start = 0
+        for members, finish, size in launched:
+            for slot, result in zip(members, finish(values[start : start + size])):
+                self.advance(slot, result)
+            start += size
+
+    def call(self, slots: list[_Slot]) -> None:
+        """One batched call of every slot's pending call; each slot gets its logits."""
+        entries, tokens, positions, shifts, start = [], [], [], [], 0
+        for slot in slots:
+            op = slot.op
+            if type(op) is Planned:
+                rows, layout, read_from = len(op.offsets), op.layout, 0
+                tokens += op.parts
+                positions.append(op.offsets)
+                shifts.append(op.position)
+            else:
+                rows, read_from = op.rows, op.read_from
+                layout = Layout(op.roles, op.attend, op.rows_useful, op.draft_rows, op.rule)
+                tokens.append(op.tokens)
+                positions.append(op.positions)
+                shifts.append(0)
+            entries.append(Entry(slot.index, layout, rows, read_from, start))
+            start += rows
+        executor, device = self.executor, self.executor.device
+        position_ids = concatenated(positions, device)
+        if any(shifts):
+            counts = torch.tensor([e.rows for e in entries], device=device)
+            position_ids = position_ids + torch.repeat_interleave(torch.tensor(shifts, device=device), counts,
+                                                                  output_size=start)  # fmt: skip
+        batch = CallBatch(entries, concatenated(tokens, device), position_ids)
+        self.settle()
+        started, clock = self.now(), time.perf_counter()
+        logits = executor.run(batch)
+        executor.synchronize()
+        elapsed = time.perf_counter() - clock
+        charged = elapsed if executor.charged_s is None else executor.charged_s
+        self.excluded += elapsed - charged
+        ended = self.mark = self.now()
+        read = 0
+        for slot, entry in zip(slots, entries):
+            count = entry.rows - entry.read_from
+            own = Rows(logits, read, read + count) if slot.rows else logits[read : read + count]
+            read += count
+            stats = {"call_requests": len(entries), "call_batch_rows": start} | executor.call_stats(entry.slot)
+            slot.response.meter.count(entry.rows, entry.layout.useful, stats)
+            slot.response.meter.call_model_s.append(charged * entry.rows / start)
+            if slot.first_call_start is None:
+                slot.first_call_start = started
+            slot.last_call_end = ended
+            self.advance(slot, own)
+
+    def result(self, slot: _Slot) -> Decoded:
+        """The slot's Decoded, with its times on the job's clock."""
+        decoded = slot.decoded
+        latency = slot.last_call_end - slot.first_call_start if slot.first_call_start is not None else 0.0
+        return replace(decoded, wall_s=decoded.model_s + slot.host_s, nonmodel_s=slot.host_s, latency_s=latency)
+
+
+def decode_batched(executor: BatchExecutor, requests: Iterable[Request], concurrency: int) -> Iterator[tuple[Request, Decoded]]:
+    """Decode `requests` at most `concurrency` at a time on `executor`'s slots (continuous
+    batching); yields each (request, decoded) when it finishes, in the order they finish. Slot k
+    of the executor serves one request at a time. An error in a decoder, or a signal, ends the
+    batch and is raised here; closing the iterator early ends it too. Either way every unfinished
+    request's coroutine is closed, which drops its slot's cache."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    engine = _Engine(executor)
+    queue = iter(requests)
+    slots: list[_Slot | None] = [None] * concurrency
+    try:
+        for index in range(concurrency):
+            request = next(queue, None)
+            slots[index] = None if request is None else engine.start(index, request)
+        while True:
+            active = [slot for slot in slots if slot is not None]
+            waiting = [slot for slot in active if type(slot.op) is Host]
+            if waiting:
+                engine.host_wave(waiting)
+                continue
+            finished = [slot for slot in active if slot.decoded is not None]
+            if finished:
+                engine.settle()
+                done = [(slot.request, engine.result(slot)) for slot in finished]
+                for slot in finished:
+                    slots[slot.index] = None
+                paused = time.perf_counter()
+                yield from done
+                engine.excluded += time.perf_counter() - paused
+                for slot in finished:
+                    request = next(queue, None)
+                    slots[slot.index] = None if request is None else engine.start(slot.index, request)
+                continue
+            if not active:
+                return
+            engine.call(active)
+    finally:
+        for slot in slots:
+            if slot is not None:
+                slot.steps.close()

@@ -1,0 +1,88 @@
+"""Rows of a batched tensor, named without making a view, and their concatenation in a fixed number
+of tensor operations: how the batch engine (packedss.decoding.engine) hands each request its part
+of a round's results, and builds a round's calls, without a tensor operation per request."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+class Rows:
+    """Rows start..stop of `source` (a round's logits, tokens, or top-2 logits), standing for
+    `source[start:stop]`. A decoder slices it as it would slice that tensor (`rows[1:]`, `len`)."""
+
+    __slots__ = ("source", "start", "stop")
+
+    def __init__(self, source: torch.Tensor, start: int, stop: int):
+        self.source, self.start, self.stop = source, start, stop
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, index: slice) -> Rows:
+        start, stop, step = index.indices(self.stop - self.start)
+        if step != 1:
+            raise IndexError("Rows take contiguous slices only")
+        return Rows(self.source, self.start + start, self.start + max(start, stop))
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.source.dtype
+
+    def tensor(self) -> torch.Tensor:
+        return self.source[self.start : self.stop]
+
+
+def materialized(value):
+    """A Rows as the tensor it stands for; anything else as it is."""
+    return value.tensor() if type(value) is Rows else value
+
+
+def ranges(starts: Sequence[int], counts: Sequence[int], device: torch.device) -> torch.Tensor:
+    """The indices [starts[0], .., starts[0] + counts[0]), [starts[1], ..), ... as one long tensor."""
+    shifts, total = [], 0
+    for start, count in zip(starts, counts):
+        shifts.append(start - total)
+        total += count
+    host = torch.tensor([shifts, counts], dtype=torch.long)
+    if device.type == "cuda":  # from pinned memory, without waiting for the device
+        host = host.pin_memory()
+    shift, count = host.to(device, non_blocking=True)
+    return torch.repeat_interleave(shift, count, output_size=total) + torch.arange(total, device=device)
+
+
+def concatenated(parts: Sequence, device: torch.device) -> torch.Tensor:
+    """The rows of `parts` (Rows or tensors) in order: one `cat` of their distinct sources and one
+    gather, however many parts there are (none when they are one source's rows in order)."""
+    where: dict[int, int] = {}
+    pool: list[torch.Tensor] = []
+    starts, counts = [], []
+    size = 0
+    for part in parts:
+        if type(part) is Rows:
+            source, start, stop = part.source, part.start, part.stop
+        else:
+            source, start, stop = part, 0, len(part)
+        base = where.get(id(source))
+        if base is None:
+            base = where[id(source)] = size
+            pool.append(source)
+            size += len(source)
+        starts.append(base + start)
+        counts.append(stop - start)
+    pooled = pool[0] if len(pool) == 1 else torch.cat(pool)
+    total = sum(counts)
+    if total == size and _in_order(starts, counts):
+        return pooled
+    return pooled.index_select(0, ranges(starts, counts, device))
+
+
+def _in_order(starts: list[int], counts: list[int]) -> bool:
+    end = 0
+    for start, count in zip(starts, counts):
+        if start != end:
+            return False
+        end += count
+    return True

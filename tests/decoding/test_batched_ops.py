@@ -1,0 +1,58 @@
+"""The batched host steps (packedss.decoding.batched_ops) give what the plain functions give each
+request: the two-pass argmax and top-2 equal torch's on rows with ties; a round reads back once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from packedss.decoding import LTRSettings, Sampling
+from packedss.decoding.batched_ops import _Greedy
+from packedss.decoding.driver import Response, schedule_named
+from packedss.decoding.engine import Request, decode_batched
+from packedss.decoding.schedules import LTR_DECODERS
+from packedss.models.batched import BatchedCalls
+from packedss.models.nemotron import load_nemotron
+from packedss.paths import PROJECT_ROOT
+from tests.decoding.test_syncs import counting_read_backs
+
+
+@pytest.mark.parametrize("vocabulary", [1024, 96, 100, 8])
+def test_the_two_pass_argmax_and_top2_equal_torchs_with_ties(vocabulary):
+    generator = torch.Generator().manual_seed(vocabulary)
+    for trial in range(60):
+        rows = int(torch.randint(1, 40, (), generator=generator))
+        logits = torch.randn(rows, vocabulary, generator=generator)
+        if trial % 2:  # few distinct values: many ties, also between blocks
+            logits = (logits * 2).round() / 2
+        if trial % 3 == 0:  # the largest twice, in different blocks
+            at = torch.randint(0, vocabulary, (rows,), generator=generator)
+            logits[torch.arange(rows), at] = 9.0
+            logits[torch.arange(rows), (at + vocabulary // 2 + 1) % vocabulary] = 9.0
+        greedy = _Greedy(logits)
+        assert torch.equal(greedy.tokens, logits.argmax(dim=-1))
+        assert torch.equal(greedy.top2, logits.topk(2, dim=-1).values)
+
+
+@pytest.mark.parametrize("schedule", ["linear", "packed"])
+def test_a_greedy_round_reads_back_once(schedule, monkeypatch):
+    """At T = 0 every request's verification (and prefill token) of a round is one read-back;
+    beyond that only each response's near-ties are read, once, when it ends."""
+    model = load_nemotron(PROJECT_ROOT / "assets" / "models" / "tiny", dtype="float32")
+    greedy = Sampling(0.0, "rejection", None)
+    prompts = [[5, 17, 33, 8, 91, 12, 7], [9, 4], [61, 62, 63], [7, 7, 7, 7, 7], [40, 41, 42], [100, 5]]
+
+    def requests():
+        settings = [LTRSettings(schedule, 4, 8 + 3 * k, (), greedy) for k in range(len(prompts))]
+        decoder = schedule_named(LTR_DECODERS, schedule)
+        return [Request(k, lambda m, k=k: Response(m, prompts[k], settings[k], None, decoder)) for k in range(len(prompts))]
+
+    executor = BatchedCalls(model, 4)
+    list(decode_batched(executor, requests(), 4))  # layouts and biases built once
+    calls = []
+    run = executor.run
+    executor.run = lambda batch: calls.append(len(batch.entries)) or run(batch)
+    with counting_read_backs(monkeypatch) as counts:
+        finished = list(decode_batched(executor, requests(), 4))
+    assert len(counts) <= len(calls) + len(finished), (counts, calls)
+    assert sum(calls) > 2 * len(calls)  # the rounds did carry several requests
