@@ -58,7 +58,7 @@ from packedss.benchmark.calls import (  # noqa: E402
 from packedss.benchmark.floors import stream_min_bytes  # noqa: E402
 from packedss.errors import ArgumentParser, PackedSSError, closest, number, numbers, run_cli  # noqa: E402
 from packedss.models.checkpoint import DTYPES, resolve_dtype  # noqa: E402
-from packedss.models.static import COMPILE_MODES  # noqa: E402
+from packedss.models.checkpoint import COMPILE_MODES  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -60,7 +60,7 @@ from packedss.decoding.verify import VERIFY_RULES  # noqa: E402
 from packedss.errors import ArgumentParser, closest, number, numbers, run_cli  # noqa: E402
 from packedss.families import FAMILIES  # noqa: E402
 from packedss.models.checkpoint import DTYPES  # noqa: E402
-from packedss.models.static import COMPILE_MODES  # noqa: E402
+from packedss.models.checkpoint import COMPILE_MODES  # noqa: E402
 from packedss.paths import CONF_DIR  # noqa: E402
 from packedss.tasks import TASK_NAMES, DataUnavailable  # noqa: E402
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from packedss import config
-from packedss.models import static
 
 CHECK_WITHOUT_LOADING = """
 import sys
@@ -18,10 +16,6 @@ with initialize_config_dir(str(CONF_DIR), version_base="1.3"):
     check_before_loading(compose("config", overrides=["out_dir=" + sys.argv[1]]))
 print(sorted(name for name in ("transformers", "torch._inductor") if name in sys.modules))
 """
-
-
-def test_the_config_names_the_static_paths_compile_modes():
-    assert config.COMPILE_MODES == static.COMPILE_MODES
 
 
 def test_a_config_is_checked_without_transformers_or_torchs_compiler(tmp_path):

@@ -21,14 +21,11 @@ from packedss.decoding.verify import VERIFY_RULES
 from packedss.errors import PackedSSError, unknown_key_message
 from packedss.families import FAMILIES, family_named
 from packedss.models import resolve_path, select_checkpoint
-from packedss.models.checkpoint import DTYPES
+from packedss.models.checkpoint import COMPILE_MODES, DTYPES
 from packedss.paths import CONF_DIR
 from packedss.tasks import TaskConfig
 
 DEVICES = ("auto", "cpu", "cuda")
-# packedss.models.static's modes, named here so that a config is checked without loading torch's
-# compiler and transformers (tests/test_config_checks.py holds the two equal)
-COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 
 
 @dataclass

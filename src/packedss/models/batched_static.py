@@ -33,7 +33,8 @@ from packedss.errors import PackedSSError
 from packedss.models.attention import mask_kernel
 from packedss.models.graphs import WARM_RUNS, graph_events, timed_call_stats
 from packedss.models.slots import SlotAdapters
-from packedss.models.static import COMPILE_MODES, MAX_GRAPHS, GraphAdmission, attention_windows, check_full_attention
+from packedss.models.checkpoint import COMPILE_MODES
+from packedss.models.static import MAX_GRAPHS, GraphAdmission, attention_windows, check_full_attention
 
 log = logging.getLogger(__name__)
 

@@ -13,6 +13,8 @@ from safetensors.torch import save_file
 
 from packedss.errors import PackedSSError
 
+# model.compile: "none" runs the eager path; the others are torch.compile modes of the static path.
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 DTYPES = {
     "float32": torch.float32,
     "float64": torch.float64,

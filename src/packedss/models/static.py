@@ -50,11 +50,11 @@ from transformers import PreTrainedModel, StaticCache
 from packedss.decoding.calls import Call
 from packedss.errors import PackedSSError
 from packedss.models.attention import aligned_full, mask_kernel
+from packedss.models.checkpoint import COMPILE_MODES
 from packedss.models.graphs import WARM_RUNS, graph_events, timed_call_stats
 
 log = logging.getLogger(__name__)
 
-COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")
 MAX_GRAPHS = 8  # compiled call shapes per adapter by default; further shapes run eagerly
 WINDOWS = 4  # attention windows per call shape: the capacity, and a half, a quarter, an eighth of it
 SIGHTINGS_TO_COMPILE = 2  # a shape seen once (e.g. a rare any-order row count) is not worth a graph
