@@ -26,7 +26,6 @@ a run cut short keeps what it measured.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import warnings
@@ -37,7 +36,7 @@ from transformers import AutoTokenizer
 
 from packedss.analysis.audit import CLASSES, classify
 from packedss.decoding import LTRSettings, Sampling, decode_ltr
-from packedss.errors import ArgumentParser, PackedSSError, number, numbers, run_cli
+from packedss.errors import ArgumentParser, PackedSSError, names, number, numbers, run_cli
 from packedss.models.checkpoint import DTYPES
 from packedss.models.nemotron import load_nemotron
 from packedss.numerics import exact_reductions
@@ -85,24 +84,11 @@ def counted_syncs(device: torch.device):
             setattr(torch.Tensor, name, original)
 
 
-def choices(valid: tuple[str, ...]):
-    """An argparse type: comma-separated names, each of `valid`."""
-
-    def parse(text: str) -> list[str]:
-        names = [part.strip() for part in text.split(",")]
-        wrong = [name for name in names if name not in valid]
-        if wrong:
-            raise argparse.ArgumentTypeError(f"unknown {', '.join(wrong)}; valid: {', '.join(valid)}")
-        return names
-
-    return parse
-
-
 def main(argv=None) -> int:
     parser = ArgumentParser(prog="scripts/check_decode.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
     parser.add_argument("--dtype", default="bfloat16", choices=DTYPES)
-    parser.add_argument("--checks", type=choices(CHECKS), default=list(CHECKS), help="syncs, audit or both (default)")
+    parser.add_argument("--checks", type=names(CHECKS), default=list(CHECKS), help="syncs, audit or both (default)")
     parser.add_argument("--exact", action="store_true", help="the audit passes only on outputs equal to AR's (float32)")
     parser.add_argument("--limit", type=number(int, 1), default=20)
     parser.add_argument("--max-new-tokens", type=number(int, 1), default=96)

@@ -15,7 +15,6 @@ C). Prints both tables.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import csv
 import json
@@ -24,7 +23,7 @@ import sys
 import threading
 from pathlib import Path
 
-from packedss.errors import ArgumentParser, PackedSSError, closest, number, numbers, run_cli
+from packedss.errors import ArgumentParser, PackedSSError, closest, names, number, numbers, run_cli
 from packedss.models.cost_twin import SHAPES
 from packedss.paths import PROJECT_ROOT
 
@@ -66,22 +65,13 @@ def responses(records: Path) -> dict[str, int]:
     return counts
 
 
-def schedule_names(text: str) -> list[str]:
-    """An argparse type: comma-separated schedules of SCHEDULES."""
-    names = [part.strip() for part in text.split(",")]
-    unknown = [name for name in names if name not in SCHEDULES]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"unknown {','.join(unknown)}; valid: {', '.join(SCHEDULES)}")
-    return names
-
-
 def main(argv=None) -> int:
     ap = ArgumentParser(prog="scripts/gpu_concurrency.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--shape", default="nemotron8b", help=f"the cost twin's shape: {', '.join(SHAPES)}")
     ap.add_argument("--layers", type=number(int, 1), default=None, help="keep the shape's first N layers")
     ap.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
     ap.add_argument("--concurrency", type=numbers(1), default=[1, 4, 16, 64], help="the C values (default 1,4,16,64)")
-    ap.add_argument("--schedules", type=schedule_names, default=list(SCHEDULES),
+    ap.add_argument("--schedules", type=names(SCHEDULES), default=list(SCHEDULES),
                     help=f"the schedules (default {','.join(SCHEDULES)}; AR is the audit's reference)")  # fmt: skip
     ap.add_argument("--width", type=number(int, 1), default=31, help="W of AR, Linear-SS and Packed-SS (default 31: B = 32)")
     ap.add_argument("--quadratic-width", type=number(int, 1), default=7,

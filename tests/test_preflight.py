@@ -68,5 +68,5 @@ def test_absent_hydra_is_reported_and_refused_only_when_required():
     (line,) = done.stderr.splitlines()
     assert line.startswith("error: hydra-core and omegaconf absent, but the steps after this one import them; ")
     done = preflight("--require", "hydra")
-    assert done.returncode == 2 and done.stderr.startswith("error: argument --require: hydra is not a package")
+    assert done.returncode == 2 and done.stderr.startswith("error: argument --require: unknown hydra; valid: hydra-core")
     assert len(done.stderr.splitlines()) == 1

@@ -190,3 +190,16 @@ def numbers(minimum: int = 1) -> Callable[[str], list[int]]:
         return [one(part.strip()) for part in text.split(",")]
 
     return parse
+
+
+def names(valid) -> Callable[[str], list[str]]:
+    """An argparse type: comma-separated names, each one of `valid`."""
+
+    def parse(text: str) -> list[str]:
+        chosen = [part.strip() for part in text.split(",") if part.strip()]
+        unknown = [name for name in chosen if name not in valid]
+        if unknown or not chosen:
+            raise argparse.ArgumentTypeError(f"unknown {', '.join(unknown) or 'empty list'}; valid: {', '.join(valid)}")
+        return chosen
+
+    return parse

@@ -16,13 +16,12 @@ guard: the jobs and benchmarks need them, the line does not.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import platform
 from pathlib import Path
 
-from packedss.errors import ArgumentParser, PackedSSError, run_cli
+from packedss.errors import ArgumentParser, PackedSSError, names, run_cli
 
 BACKBONES = ("Ministral3Model", "Qwen3Model")  # transformers' classes behind the nemotron and setdlm families
 OPTIONAL = {"hydra-core": "hydra", "omegaconf": "omegaconf"}  # distribution -> the module it is imported as
@@ -70,18 +69,9 @@ def check_backbones() -> dict[str, str]:
     return verdicts
 
 
-def required(text: str) -> list[str]:
-    """An argparse type: comma-separated names of OPTIONAL."""
-    names = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [name for name in names if name not in OPTIONAL]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"{','.join(unknown)} is not a package this line reports; valid: {', '.join(OPTIONAL)}")
-    return names
-
-
 def main(argv=None) -> int:
     ap = ArgumentParser(prog="python -m packedss.preflight", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--require", type=required, default=[], help=f"comma-separated packages that must be present ({', '.join(OPTIONAL)})")
+    ap.add_argument("--require", type=names(OPTIONAL), default=[], help=f"comma-separated packages that must be present ({', '.join(OPTIONAL)})")
     ap.add_argument("--device", default="any", choices=("any", "cuda"), help="cuda: refuse without a CUDA device")
     ap.add_argument("--json", default=None, help="also write the versions and verdicts to this file")
     args = ap.parse_args(argv)
