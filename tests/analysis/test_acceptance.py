@@ -215,6 +215,8 @@ def test_figures_a1_a2_plot_the_profiles(tmp_path):
     a2 = make_figure("A2", results.comparisons)
     shares = a2.data[a2.data["run"] == "Linear-SS"].set_index("tokens")["share"]
     assert shares.loc[5] == pytest.approx(2 / 7) and shares.sum() == pytest.approx(1.0)
+    ar_panel = a2.figure.axes[0]  # AR runs without a W: its panel names none, its one bin the tick 1
+    assert ar_panel.get_title() == "Tiny Arith, T=0" and [t for t in ar_panel.get_xticks() if 0.2 <= t <= 1.8] == [1]
     axes = a1.figure.axes
     assert axes[0].get_title() == "Tiny Arith, W=4, T=0" and len(axes[0].get_lines()) == 3  # marginal x2, drafted share
     for ax in axes[:2]:  # the marginal and conditional panels: Packed-SS's curve ends at depth 3

@@ -29,7 +29,8 @@ PANELS_PER_ROW = 4
 
 
 def panel_title(identity: dict) -> str:
-    title = f"{model_label(identity['model'])} {task_label(identity['task'])}, W={int(identity['width'])}, T={float(identity['temperature']):g}"
+    width = f", W={int(identity['width'])}" if int(identity["width"]) else ""  # AR runs without a W (recorded as 0)
+    title = f"{model_label(identity['model'])} {task_label(identity['task'])}{width}, T={float(identity['temperature']):g}"
     if identity["verify"]:
         title += f" ({identity['verify']})"
     return title + (", LoRA" if identity["lora"] else "")
@@ -169,7 +170,7 @@ def figure_a2(profiles: list[dict]) -> tuple[plt.Figure, pd.DataFrame, list[str]
             rows += [{"panel": title, "run": label, "tokens": k, "iterations": int(c), "share": c / total} for k, c in enumerate(counts)]
         # A margin beyond the outer bins' edges (k ± 0.5), which would fall on the frame.
         ax.set_xlim(0.2, max(longest, max(p["width"] for _, p in runs) + 1) + 0.8)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # AR's one bin: the tick 1 alone
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("Tokens emitted in the iteration")
         ax.set_ylabel("Share of iterations (log)")
