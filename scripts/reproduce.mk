@@ -75,6 +75,8 @@ preset_sweep = $(strip +experiment=$(1) $(call repro_overrides,$(1)) $(OVERRIDES
 # Several presets' sweeps for the plan, separated by --and.
 plan_sweeps = $(foreach p,$(1),$(if $(filter-out $(firstword $(1)),$(p)),--and) $(call preset_sweep,$(p)))
 records_of = $(sort $(foreach p,$(PRESETS_$(1)),$(RESULTS)/$(call folder_of,$(p))/records))
+# The analysis of RESULTS/TARGET reads RESULTS/TARGET/records itself: --records names the others.
+other_records_of = $(filter-out $(RESULTS)/$(1)/records,$(call records_of,$(1)))
 
 TARGETS := $(foreach n,$(REPRO_TABLES),table$(n)) $(foreach n,$(REPRO_FIGURES),figure$(n))
 
@@ -92,7 +94,7 @@ plan-$(1): $(STAMP)
 	$(PY) -m packedss.plan $(call plan_sweeps,$(PRESETS_$(1)))
 
 reproduce-$(1): $(foreach p,$(PRESETS_$(1)),repro-run-$(p))
-	$(PY) -m packedss.analysis $(RESULTS)/$(1) $(2) --records $(call records_of,$(1)) $(ANALYSIS_FLAGS)
+	$(PY) -m packedss.analysis $(RESULTS)/$(1) $(2) $(if $(call other_records_of,$(1)),--records $(call other_records_of,$(1))) $(ANALYSIS_FLAGS)
 endef
 $(foreach n,$(REPRO_TABLES),$(eval $(call repro_target_rules,table$(n),--tables $(n))))
 $(foreach n,$(REPRO_FIGURES),$(eval $(call repro_target_rules,figure$(n),--figures $(n))))

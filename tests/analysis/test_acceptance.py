@@ -207,12 +207,37 @@ def test_figures_a1_a2_plot_the_profiles(tmp_path):
     a1 = make_figure("A1", results.comparisons)
     assert set(a1.data["run"]) == {"Linear-SS", "Packed-SS"}  # AR verifies no draft
     packed = a1.data[a1.data["run"] == "Packed-SS"].set_index("depth")
-    assert packed["marginal"].tolist() == pytest.approx([0.75, 0.5, 0.25, 0.0]) and packed.loc[2, "drafted_share"] == 0.5
+    assert packed["marginal"].tolist()[:3] == pytest.approx([0.75, 0.5, 0.25]) and packed.loc[2, "drafted_share"] == 0.5
+    # depth 4 was never drafted (Packed-SS verifies at most W - 1): no point, not "0 accepted"
+    assert packed.loc[4, "drafted_share"] == 0 and packed.loc[4, ["marginal", "marginal_high", "conditional"]].isna().all()
+    linear = a1.data[a1.data["run"] == "Linear-SS"].set_index("depth")
+    assert linear.loc[4, "marginal"] == pytest.approx(2 / 7)  # two of its 7 iterations accepted all 4
     a2 = make_figure("A2", results.comparisons)
     shares = a2.data[a2.data["run"] == "Linear-SS"].set_index("tokens")["share"]
     assert shares.loc[5] == pytest.approx(2 / 7) and shares.sum() == pytest.approx(1.0)
+    ar_panel = a2.figure.axes[0]  # AR runs without a W: its panel names none, its one bin the tick 1
+    assert ar_panel.get_title() == "Tiny Arith, T=0" and [t for t in ar_panel.get_xticks() if 0.2 <= t <= 1.8] == [1]
     axes = a1.figure.axes
     assert axes[0].get_title() == "Tiny Arith, W=4, T=0" and len(axes[0].get_lines()) == 3  # marginal x2, drafted share
+    for ax in axes[:2]:  # the marginal and conditional panels: Packed-SS's curve ends at depth 3
+        [drawn] = [line for line in ax.get_lines() if line.get_label() == "Packed-SS"]
+        assert np.isfinite(drawn.get_ydata()[:2]).all() and np.isnan(drawn.get_ydata()[3])
+
+
+def test_figure_a2_shows_its_outer_bins_and_labels_only_decades(tmp_path):
+    full = {q: [8] * 6 for q in range(3)}  # every iteration of W = 8 accepts all: one bin, share 1
+    records = [make_record(schedule="linear", width=8, question=q, accepted_drafts=h) for q, h in full.items()]
+    records += [make_record(schedule="linear", width=16, question=q, accepted_drafts=h) for q, h in LINEAR.items()]
+    a2 = make_figure("A2", _load(tmp_path, records).comparisons)
+    a2.figure.canvas.draw()
+    for ax in a2.figure.axes:
+        longest = int(a2.data.loc[(a2.data["panel"] == ax.get_title()) & (a2.data["iterations"] > 0), "tokens"].max())
+        low, high = ax.get_xlim()
+        assert low < 0.5 and high > max(longest, 17 if "W=16" in ax.get_title() else 9) + 0.5  # bin edges inside
+        bottom, top = ax.get_ylim()
+        labelled = [t.get_text() for t in ax.get_yticklabels() if t.get_text() and bottom <= t.get_position()[1] <= top]
+        assert len(labelled) >= 2 and set(labelled) <= {"1", "0.1", "0.01", "0.001", "0.0001"}, labelled
+        assert not [t.get_text() for t in ax.get_yticklabels(minor=True) if t.get_text()]
 
 
 def test_cli_writes_acceptance_tables_profiles_and_figures(tmp_path, capsys):
@@ -224,7 +249,8 @@ def test_cli_writes_acceptance_tables_profiles_and_figures(tmp_path, capsys):
     assert not (tmp_path / "tables" / "table6.md").exists()
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--figures", "A3"])
-    assert "no figure a3; valid: 3, 4, 5, A1, A2" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "no figure a3" in err and "valid: 3, 4, 5, A1, A2" in err
 
 
 def test_every_table_states_its_averaging(results_dir):

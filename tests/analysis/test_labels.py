@@ -8,8 +8,13 @@ import csv
 import pytest
 
 from packedss.analysis import analyse, load_results
+from packedss.analysis.acceptance import acceptance_profiles
+from packedss.analysis.acceptance_tables import acceptance_table, latency_table
+from packedss.analysis.concurrency import concurrency_tables
 from packedss.analysis.figures import make_figure
-from tests.analysis.synthetic import make_record, write_records
+from packedss.analysis.measured_tables import runs_table, table2, table3
+from packedss.analysis.metrics import NO_WIDTH
+from tests.analysis.synthetic import concurrency_results, make_record, write_records
 
 TWIN = "nemotron3b:6L:bfloat16:cpu"
 SCHEDULES = ("ar", "linear", "quadratic", "packed")
@@ -68,3 +73,28 @@ def test_an_accuracy_difference_of_zero_is_shown_as_0(tmp_path):
     assert (accuracy["estimate"] == 0).all()
     accuracy_axis = figure.figure.axes[2]
     assert sum(t.get_text() == "0" for t in accuracy_axis.texts) == len(accuracy)
+
+
+def _ar_rows(table) -> list[dict]:
+    rows = table.display[table.display["Method"] == "AR"].to_dict("records")
+    assert rows, table.display
+    return rows
+
+
+def test_ar_shows_no_width_in_tables_2_3_runs_acceptance_latency_and_concurrency(tmp_path):
+    results = load_results(_folder(tmp_path / "plain"), n_resamples=50)
+    for table in (table2(results.per_question, results.comparisons), table3(results.per_question, results.comparisons),
+                  runs_table(results.per_question, results.comparisons)):  # fmt: skip
+        for row in _ar_rows(table):
+            assert {row.get("W", NO_WIDTH), row["B"]} == {NO_WIDTH}, (table.key, row)
+        others = table.display[table.display["Method"] != "AR"]
+        assert (others["B"] != NO_WIDTH).all(), table.key  # the speculative schedules keep theirs
+    profiles = acceptance_profiles(results.per_response, 50)
+    for table in (acceptance_table(profiles), latency_table(results.loaded.frame)):
+        assert all(row["W"] == NO_WIDTH for row in _ar_rows(table)), table.key
+        assert (table.display.loc[table.display["Method"] == "Packed-SS", "W"] == "8").all(), table.key
+    concurrent = load_results(concurrency_results(tmp_path / "concurrent", n=4), n_resamples=50)
+    for table in concurrency_tables(concurrent.loaded.frame, concurrent.per_response, n_resamples=50):
+        if "Method" in table.display:
+            assert all(row["W"] == NO_WIDTH for row in _ar_rows(table)), table.key
+            assert (table.display.loc[table.display["Method"] == "Packed-SS", "W"] == "8").all()

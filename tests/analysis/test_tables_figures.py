@@ -316,7 +316,8 @@ def test_a_family_the_analysis_does_not_know_gets_a_run_summary(tmp_path, monkey
     records = [make_record(model="toy-1", family="toy", schedule=s, width=4, question=q, iterations=5) for s in ("ar", "fast") for q in range(3)]
     write_records(tmp_path / "records", records)
     assert main([str(tmp_path), "--n-resamples", "200"]) == 0
-    assert "bad line" not in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "bad line" not in captured.err
     runs = pd.read_csv(tmp_path / "tables" / "runs.csv")
     assert list(runs["Family"]) == ["toy", "toy"] and list(runs["Method"]) == ["AR", "fast"]
     assert list(runs["B"]) == [8, 8] and list(runs["Questions"]) == [3, 3] and runs["Tokens/s"].gt(0).all()
@@ -324,4 +325,6 @@ def test_a_family_the_analysis_does_not_know_gets_a_run_summary(tmp_path, monkey
     table2 = pd.read_csv(tmp_path / "tables" / "table2.csv").set_index("Method")
     assert table2.loc["fast", "NFE/iteration"] == 3 and table2.loc["fast", "Max rows/iteration"] == 3 * 8
     assert table2.loc["fast", "Formula"] == "-"
-    assert (tmp_path / "figures" / "figure3.png").stat().st_size > 0
+    # no Linear-SS to pair with: no Figure 3, and the one skipped line says so
+    assert not (tmp_path / "figures" / "figure3.png").exists()
+    assert [line for line in captured.out.splitlines() if line.startswith("skipped")][0].count("figure3") == 1

@@ -5,6 +5,7 @@ fail before anything loads."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -167,6 +168,21 @@ def test_the_parameter_estimate_counts_what_random_adapter_builds():
         adapter = random_adapter(config, CPU, torch.float32, vocab_at_least=100)
         built = sum(p.numel() for p in adapter.backbone.parameters()) + adapter.head.weight.numel()
         assert parameter_count(config, vocab_at_least=100) == built
+
+
+@pytest.mark.parametrize("shape", list(cost_twin.SHAPES))
+def test_building_a_named_shape_warns_nothing_about_its_rope(shape):
+    heard: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: heard.append(record.getMessage())
+    library = logging.getLogger("transformers")  # its own handler, not propagated to pytest's
+    library.addHandler(handler)
+    try:
+        spec = cost_spec(shape, 1, "bfloat16", CPU)
+        random_adapter(spec.config, torch.device("meta"), torch.bfloat16)  # the backbone's config, no memory
+    finally:
+        library.removeHandler(handler)
+    assert not [message for message in heard if "rope" in message.lower()], heard
 
 
 def test_a_named_shape_is_cut_to_its_layers_and_labelled():

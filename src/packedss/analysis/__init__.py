@@ -52,6 +52,7 @@ class Results:
     loaded: Loaded
     comparisons: Comparisons
     written: list[Path] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # by default, the tables and figures without records
 
     @property
     def per_response(self):
@@ -70,7 +71,10 @@ def record_sources(results_dir: str | Path, extra_records=()) -> list[Path]:
     own = records_dir(results_dir)
     if own.exists():
         sources.insert(0, own)
-    return sources
+    named: dict[Path, Path] = {}  # one entry per folder or file, however it is spelled
+    for source in sources:
+        named.setdefault(source.resolve(), source)
+    return list(named.values())
 
 
 def load_results(results_dir: str | Path, n_resamples: int = N_RESAMPLES, extra_records=()) -> Results:
@@ -91,11 +95,14 @@ def analyse(
     the records hold a run at two or more C with a Linear-SS run of its setting) and figures
     (default: all, C1 when a run was measured at two or more C) under `<out_dir or
     results_dir>/tables` and `/figures`; a table or figure asked for by name whose records are
-    missing raises PackedSSError before anything is written; whenever tables are written, the per-run
+    missing raises PackedSSError before anything is written, and by default one without records
+    is not written but named in `Results.skipped`; whenever tables are written, the per-run
     summary (`runs`, every run of every family) is written too, and with the acceptance table or
     Figure A1 or A2 each run's `acceptance/<model>/<task>/<record file>/acceptance_profile.json`.
     `extra_records`: further record files or folders to read besides `<results_dir>/records`
     (e.g. a figure drawn from several tables' runs)."""
+    import matplotlib.pyplot as plt
+
     from packedss.analysis import concurrency
     from packedss.analysis.acceptance import acceptance_profiles, write_profiles
     from packedss.analysis.acceptance_tables import acceptance_table, latency_table
@@ -122,23 +129,33 @@ def analyse(
         concurrency.check(records, responses, "tables")
     if concurrency.FIGURE in figure_keys:
         concurrency.check(records, responses, "figure")
+    def write(table) -> None:
+        if table.measured or tables is not None:  # asked for by name, written with its note
+            results.written += write_table(table, out / "tables")
+        else:
+            results.skipped.append(table.stem)
+
     if numbers:
-        results.written += write_table(runs_table(results.per_question, results.comparisons), out / "tables")
+        write(runs_table(results.per_question, results.comparisons))
     profiles = None
     if ACCEPTANCE in numbers or any(key in ACCEPTANCE_FIGURES for key in figure_keys):
         profiles = acceptance_profiles(results.per_response, n_resamples)
         results.written += write_profiles(profiles, out / "acceptance")
     for number in numbers:
         if number == ACCEPTANCE:
-            results.written += write_table(acceptance_table(profiles), out / "tables")
-            results.written += write_table(latency_table(results.loaded.frame), out / "tables")
+            write(acceptance_table(profiles))
+            write(latency_table(results.loaded.frame))
             continue
         if number == CONCURRENCY:
             for table in concurrency.concurrency_tables(records, responses, n_resamples):
-                results.written += write_table(table, out / "tables")
+                write(table)
             continue
-        table = TABLES[number].function(results.per_question, results.comparisons, compare_paper)
-        results.written += write_table(table, out / "tables")
+        write(TABLES[number].function(results.per_question, results.comparisons, compare_paper))
     for number in figure_keys:
-        results.written += write_figure(make_figure(number, results.comparisons, profiles, records), out / "figures")
+        figure = make_figure(number, results.comparisons, profiles, records)
+        if figure.data.empty and figures is None:
+            results.skipped.append(f"figure{number}")
+            plt.close(figure.figure)
+        else:
+            results.written += write_figure(figure, out / "figures")
     return results

@@ -102,6 +102,8 @@ def run(args: argparse.Namespace) -> int:
     print(audit.note(audited))
     for path in results.written:
         print(f"wrote {path}")
+    if results.skipped:
+        print(f"skipped {', '.join(results.skipped)}: no records of their settings (name one in --tables or --figures to write it anyway)")
     print(f"done in {time.perf_counter() - start:.1f} s")
     if args.strict and audit.counts(audited)["unexplained"]:
         print("error: unexplained divergences from AR (--strict); see the lines above", file=sys.stderr)

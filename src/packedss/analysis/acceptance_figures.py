@@ -18,7 +18,7 @@ import math
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from packedss.analysis.acceptance import run_sort_key
 from packedss.analysis.metrics import ORDER_LABELS, model_label, schedule_colour, schedule_label, schedule_marker, task_label
@@ -29,7 +29,8 @@ PANELS_PER_ROW = 4
 
 
 def panel_title(identity: dict) -> str:
-    title = f"{model_label(identity['model'])} {task_label(identity['task'])}, W={int(identity['width'])}, T={float(identity['temperature']):g}"
+    width = f", W={int(identity['width'])}" if int(identity["width"]) else ""  # AR runs without a W (recorded as 0)
+    title = f"{model_label(identity['model'])} {task_label(identity['task'])}{width}, T={float(identity['temperature']):g}"
     if identity["verify"]:
         title += f" ({identity['verify']})"
     return title + (", LoRA" if identity["lora"] else "")
@@ -66,6 +67,14 @@ def panels(profiles: list[dict]) -> list[tuple[str, list[tuple[str, dict]]]]:
 
 def _values(values: list) -> np.ndarray:
     return np.array([math.nan if v is None else v for v in values], dtype=float)
+
+
+def _where_drafted(values: list, share: np.ndarray) -> np.ndarray:
+    """Values at the depths some iteration drafted; NaN (no point, the curve ends) at a depth never
+    drafted (Packed-SS's last, W), whose 0 accepted would read as "always rejected"."""
+    out = _values(values)
+    out[share == 0] = math.nan
+    return out
 
 
 def _style(profile: dict) -> dict:
@@ -109,23 +118,20 @@ def figure_a1(profiles: list[dict]) -> tuple[plt.Figure, pd.DataFrame, list[str]
     for (title, runs), (top, bottom) in zip(layout, axes, strict=True):
         for label, profile in runs:
             depth = np.array(profile["depth"])
-            marginal, conditional = profile["marginal"], profile["conditional"]
             share = _values(profile["drafted_share"])
+            curves = {f"{name}{part}": _where_drafted(profile[name][key], share) for name in ("marginal", "conditional")
+                      for part, key in (("", "estimate"), ("_low", "low"), ("_high", "high"))}  # fmt: skip
             style = _style(profile)
             marker = {"marker": schedule_marker(profile["identity"]["schedule"]), "markersize": 3.5, "markerfacecolor": "none"}
-            top.plot(depth, _values(marginal["estimate"]), label=label, **marker, **style)
-            top.fill_between(depth, _values(marginal["low"]), _values(marginal["high"]), color=style["color"], alpha=0.15, linewidth=0)
+            top.plot(depth, curves["marginal"], label=label, **marker, **style)
+            top.fill_between(depth, curves["marginal_low"], curves["marginal_high"], color=style["color"], alpha=0.15, linewidth=0)
             if np.nanmin(share) < 1:
                 top.plot(depth, share, color=style["color"], linestyle=":", linewidth=1.2, label=f"{label}: drafted share")
-            bottom.plot(depth, _values(conditional["estimate"]), label=label, **marker, **style)
-            bottom.fill_between(depth, _values(conditional["low"]), _values(conditional["high"]), color=style["color"], alpha=0.15, linewidth=0)
+            bottom.plot(depth, curves["conditional"], label=label, **marker, **style)
+            bottom.fill_between(depth, curves["conditional_low"], curves["conditional_high"], color=style["color"], alpha=0.15, linewidth=0)
             for i, d in enumerate(profile["depth"]):
-                rows.append(
-                    {"panel": title, "run": label, "depth": d, "marginal": marginal["estimate"][i], "marginal_low": marginal["low"][i],
-                     "marginal_high": marginal["high"][i], "conditional": conditional["estimate"][i],
-                     "conditional_low": conditional["low"][i], "conditional_high": conditional["high"][i],
-                     "drafted_share": profile["drafted_share"][i], "iterations": profile["counts"]["iterations"]}
-                )  # fmt: skip
+                rows.append({"panel": title, "run": label, "depth": d} | {k: float(v[i]) for k, v in curves.items()}
+                            | {"drafted_share": profile["drafted_share"][i], "iterations": profile["counts"]["iterations"]})  # fmt: skip
         top.set_title(title, fontsize=10)
         top.set_ylabel("P(depth i accepted)")
         bottom.set_ylabel("P(i accepted | 1..i−1)")
@@ -162,13 +168,17 @@ def figure_a2(profiles: list[dict]) -> tuple[plt.Figure, pd.DataFrame, list[str]
             longest = max(longest, int(np.flatnonzero(counts).max()))
             smallest = min(smallest, float(share[share > 0].min()))
             rows += [{"panel": title, "run": label, "tokens": k, "iterations": int(c), "share": c / total} for k, c in enumerate(counts)]
-        ax.set_xlim(0.5, max(longest, max(p["width"] for _, p in runs) + 1) + 0.5)
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        # A margin beyond the outer bins' edges (k ± 0.5), which would fall on the frame.
+        ax.set_xlim(0.2, max(longest, max(p["width"] for _, p in runs) + 1) + 0.8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))  # AR's one bin: the tick 1 alone
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("Tokens emitted in the iteration")
         ax.set_ylabel("Share of iterations (log)")
         ax.set_yscale("log")  # the long tail of long accepts is what differs between schedules
-        ax.set_ylim(smallest / 2, 1.3)
+        # At least the decades 0.1 and 1: on an axis shorter than a decade matplotlib labels
+        # minor ticks too, and their labels collide with the decade's.
+        ax.set_ylim(min(smallest / 2, 0.05), 1.3)
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))  # shares: 1, 0.1, 0.01
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, frameon=True, framealpha=0.85, loc="best")
     fig.suptitle(A2_TITLE + " (full: every verified draft accepted)", fontsize=11)

@@ -17,6 +17,7 @@ from packedss.analysis.metrics import (
     model_label,
     schedule_label,
     task_label,
+    width_label,
 )
 from packedss.analysis.table import Col, Table, build
 
@@ -28,7 +29,7 @@ def run_labels(identity: dict) -> dict:
         "Model": model_label(identity["model"]),
         "Task": task_label(identity["task"]),
         "Method": schedule_label(identity["schedule"]),
-        "W": int(identity["width"]),
+        "W": width_label(identity["width"]),
         "T": f"{float(identity['temperature']):g}",
         "Verify": identity["verify"],
         "Order": ORDER_LABELS.get(identity["order"], identity["order"]),

@@ -38,6 +38,7 @@ from packedss.analysis.metrics import (
     schedule_rank,
     task_label,
     task_rank,
+    width_label,
 )
 from packedss.analysis.table import Col, Table, build
 from packedss.errors import PackedSSError
@@ -212,7 +213,7 @@ def _labels(identity: dict) -> dict:
         "Task": task_label(identity["task"]),
         "Regime": identity["regime"],
         "Method": schedule_label(identity["schedule"]),
-        "W": int(identity["width"]),
+        "W": width_label(identity["width"]),
         "T": f"{float(identity['temperature']):g}",
         "Verify": identity["verify"],
         "Order": ORDER_LABELS.get(identity["order_group"], identity["order_group"]),

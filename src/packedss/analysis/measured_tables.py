@@ -19,7 +19,7 @@ from packedss.analysis.load import RUN_KEYS
 from packedss.analysis.metrics import (
     ORDER_LABELS,
     aggregate,
-    block_of,
+    block_label,
     family_rank,
     max_call_rows,
     max_iteration,
@@ -31,6 +31,7 @@ from packedss.analysis.metrics import (
     schedule_rank,
     task_label,
     task_rank,
+    width_label,
 )
 from packedss.analysis.select import (
     LABEL_OF,
@@ -93,8 +94,8 @@ def runs_table(pq: pd.DataFrame, comparisons: Comparisons) -> Table:
                 "Family": run["family"],
                 "Task": task_label(run["task"]),
                 "Method": schedule_label(run["schedule"]),
-                "W": int(run["width"]),
-                "B": block_of(run["family"], run["width"]),
+                "W": width_label(run["width"]),
+                "B": block_label(run["family"], run["width"]),
                 "T": f"{run['temperature']:g}",
                 "Verify": run["verify"],
                 "Order": ORDER_LABELS.get(run["order"], run["order"]),
@@ -162,8 +163,8 @@ def table2(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: bool = Fal
         row = {
             "Model": model_label(values["model"]),
             "Method": schedule_label(schedule),
-            "W": width,
-            "B": block_of(family, width),
+            "W": width_label(width),
+            "B": block_label(family, width),
             **({"Padded": labels(values)["Padded"]} if padded else {}),
             **({"C": labels(values)["C"]} if "concurrency" in values else {}),
             **({"Config": values["config"]} if values.get("config") else {}),

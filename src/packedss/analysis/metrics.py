@@ -102,6 +102,21 @@ def block_of(family: str, width: int) -> float:
     return FAMILIES[family].block_of_width(int(width)) if family in FAMILIES else math.nan
 
 
+# What a table shows for W and B of a schedule that runs without a width (AR): the runner records
+# such a schedule at W = 0, and "W 0" or its block (B = 1) would read as a setting that ran.
+NO_WIDTH = "-"
+
+
+def width_label(width: int) -> int | str:
+    """W as a table shows it: the width, or NO_WIDTH for a schedule recorded without one."""
+    return int(width) if int(width) else NO_WIDTH
+
+
+def block_label(family: str, width: int) -> float | str:
+    """B as a table shows it: `block_of`, or NO_WIDTH for a schedule recorded without a width."""
+    return block_of(family, width) if int(width) else NO_WIDTH
+
+
 def calls_per_iteration(family: str, schedule: str) -> int:
     """Model calls per iteration after prefill; a family or schedule the table does not know
     counts each call as one iteration."""

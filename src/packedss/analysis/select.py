@@ -10,7 +10,7 @@ from __future__ import annotations
 import pandas as pd
 
 from packedss.analysis.metrics import (
-    block_of,
+    block_label,
     model_label,
     order_rank,
     schedule_label,
@@ -93,7 +93,7 @@ def labels(values: dict, family: str | None = None) -> dict:
         out["Method"] = schedule_label(values["schedule"])
     if "width" in values:
         family = values.get("family", family)
-        out["B"] = block_of(family, values["width"]) if family is not None else ""
+        out["B"] = block_label(family, values["width"]) if family is not None else ""
         out["Window"] = f"W={int(values['width'])}"
     if "temperature" in values:
         out["T"] = f"{values['temperature']:g}"

@@ -39,6 +39,7 @@ class Table:
     display: pd.DataFrame  # Markdown / LaTeX (strings)
     notes: list[str] = field(default_factory=list)
     bold: set[tuple[int, str]] = field(default_factory=set)  # (row, display column)
+    measured: bool = True  # False: no row of the records (the paper's rows at most)
 
     @property
     def stem(self) -> str:
@@ -160,6 +161,7 @@ def build(
     data = pd.DataFrame(data_records, columns=data_columns)
     display = pd.DataFrame(display_records, columns=list(keys) + [c.header for c in columns])
     bold = _bold_highest_throughput(rows, bold_within) if bold_within is not None and "Tokens/s" in value_names else set()
-    if not any(r["_measured"] for r in rows):
+    measured = any(r["_measured"] for r in rows)
+    if not measured:
         notes.insert(0, "No records for this table in the results folder.")
-    return Table(key, title, data, display, notes, bold)
+    return Table(key, title, data, display, notes, bold, measured)

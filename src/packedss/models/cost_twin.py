@@ -32,8 +32,11 @@ from packedss.models.attention import ATTENTION
 from packedss.models.checkpoint import DTYPES, default_dtype, read_config, resolve_dtype
 from packedss.models.nemotron import backbone_config
 
-_ROPE = {"rope_type": "default", "rope_theta": 1_000_000.0, "llama_4_scaling_beta": 0.1,
-         "original_max_position_embeddings": 16384}  # fmt: skip
+# The Ministral-3 checkpoints' YaRN RoPE: Ministral3's attention scaling reads
+# original_max_position_embeddings, a key transformers expects under yarn (under the default
+# type it warns "Unrecognized keys in `rope_parameters`").
+_ROPE = {"rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 16.0, "original_max_position_embeddings": 16384,
+         "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}  # fmt: skip
 SHAPES = {
     # The shipped tiny model (scripts/train_tiny.py defaults).
     "tiny": dict(hidden_size=192, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
