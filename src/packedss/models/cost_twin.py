@@ -192,6 +192,15 @@ def build_cost_model(spec: CostSpec, model) -> BackboneAdapter:
                           mask_token_id=model.mask_token_id, name=f"cost-{spec.label}")  # fmt: skip
 
 
+def charged_seconds(cost, call) -> float:
+    """The seconds the cost model takes to run `call`, to its synchronize: what a cost twin charges
+    (the call's move to the cost device and the deciding model's run are left out)."""
+    started = time.perf_counter()
+    cost.run(call)
+    cost.synchronize()
+    return time.perf_counter() - started
+
+
 class CostTwin:
     """A CallModel over two models: `model` decides (its logits are returned), `cost` is timed.
     Every run, commit and reset goes to both, in that order; `charged_s` is the last call's time
@@ -235,11 +244,7 @@ class CostTwin:
     def run(self, call: Call) -> torch.Tensor:
         logits = self.model.run(call)
         self.model.synchronize()
-        cost_call = self.cost_call(call)
-        started = time.perf_counter()
-        self.cost.run(cost_call)
-        self.cost.synchronize()
-        self.charged_s = time.perf_counter() - started
+        self.charged_s = charged_seconds(self.cost, self.cost_call(call))
         return logits
 
     def commit(self, rows: int) -> None:

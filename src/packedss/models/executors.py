@@ -4,15 +4,13 @@ BatchExecutor): eager (packedss.models.batched) or on static caches with compile
 
 from __future__ import annotations
 
-import time
-
 import torch
 
 from packedss.decoding.calls import Layout
 from packedss.decoding.engine import CallBatch
 from packedss.models.batched import BatchedCalls
 from packedss.models.batched_static import StaticBatch
-from packedss.models.cost_twin import CostTwin
+from packedss.models.cost_twin import CostTwin, charged_seconds
 
 
 class BatchedTwin:
@@ -41,11 +39,7 @@ class BatchedTwin:
     def run(self, batch: CallBatch) -> torch.Tensor:
         logits = self.decide.run(batch)
         self.decide.synchronize()
-        cost_batch = self.cost_batch(batch)
-        started = time.perf_counter()
-        self.cost.run(cost_batch)
-        self.cost.synchronize()
-        self.charged_s = time.perf_counter() - started
+        self.charged_s = charged_seconds(self.cost, self.cost_batch(batch))
         return logits
 
     def commit(self, slot: int, rows: int) -> None:
