@@ -16,6 +16,7 @@ import torch
 from tests.test_runner import readable_name
 
 from packedss.decoding import LTRSettings, Sampling, decode_ltr
+from packedss.decoding.calls import causal_segment, pack
 from packedss.decoding.trace import Meter, RecordingModel
 from packedss.errors import PackedSSError
 from packedss.models import cost_twin
@@ -183,6 +184,50 @@ def test_building_a_named_shape_warns_nothing_about_its_rope(shape):
     finally:
         library.removeHandler(handler)
     assert not [message for message in heard if "rope" in message.lower()], heard
+
+
+def _transformers_warnings(build) -> list[str]:
+    """The warnings transformers logs while `build()` runs, at the library's own WARNING level."""
+    from transformers.utils import logging as transformers_logging
+
+    heard: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: heard.append(record.getMessage())
+    library = logging.getLogger("transformers")
+    previous = transformers_logging.get_verbosity()
+    transformers_logging.set_verbosity_warning()
+    library.addHandler(handler)
+    try:
+        build()
+    finally:
+        library.removeHandler(handler)
+        transformers_logging.set_verbosity(previous)
+    return heard
+
+
+def _config_json_twin(directory):
+    spec = cost_spec(str(directory), None, "float32", CPU)
+    return random_adapter(spec.config, CPU, torch.float32)
+
+
+def test_a_twin_of_a_checkpoints_config_json_warns_nothing_and_keeps_its_rope(checkpoint):
+    for directory in (PROJECT_ROOT / "assets" / "models" / "tiny", checkpoint):
+        built = []
+        heard = _transformers_warnings(lambda: built.append(_config_json_twin(directory)))
+        assert heard == [], (directory, heard)
+        rope = json.loads((directory / "config.json").read_text())["rope_parameters"]
+        assert built[0].backbone.config.rope_parameters == rope  # the attention scaling reads all of it
+        # a prefill runs: the attention's llama-4 scaling divides by original_max_position_embeddings
+        logits = built[0].run(pack([causal_segment(torch.tensor([4, 5, 6]), 0)]))
+        assert torch.isfinite(logits).all()
+
+
+def test_a_stray_rope_key_in_a_config_json_is_still_reported(tmp_path):
+    config = json.loads((PROJECT_ROOT / "assets" / "models" / "tiny" / "config.json").read_text())
+    config["rope_parameters"]["stray_factor"] = 2.0
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    heard = _transformers_warnings(lambda: _config_json_twin(tmp_path))
+    assert [m for m in heard if "Unrecognized keys in `rope_parameters`" in m and "stray_factor" in m], heard
 
 
 def test_a_named_shape_is_cut_to_its_layers_and_labelled():

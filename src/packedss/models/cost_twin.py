@@ -17,24 +17,24 @@ config.json, optionally cut to its first `layers` layers, in any dtype and on an
 
 from __future__ import annotations
 
+import inspect
 import time
 import weakref
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from huggingface_hub.dataclasses import strict
 from torch import nn
+from transformers import Ministral3Config
 
 from packedss.decoding.calls import Call
 from packedss.errors import PackedSSError
 from packedss.models.adapter import BackboneAdapter
 from packedss.models.attention import ATTENTION
 from packedss.models.checkpoint import DTYPES, default_dtype, read_config, resolve_dtype
-from packedss.models.nemotron import backbone_config
 
-# The Ministral-3 checkpoints' YaRN RoPE: Ministral3's attention scaling reads
-# original_max_position_embeddings, a key transformers expects under yarn (under the default
-# type it warns "Unrecognized keys in `rope_parameters`").
+# The named shapes' RoPE: the YaRN of the Ministral-3 3B and 8B checkpoints.
 _ROPE = {"rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 16.0, "original_max_position_embeddings": 16384,
          "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}  # fmt: skip
 SHAPES = {
@@ -73,6 +73,22 @@ def shape_config(shape: str | None, config: str | None = None, layers: int | Non
     return out
 
 
+@strict  # transformers' configs validate (RoPE included) through huggingface_hub's strict dataclasses
+class ShapeConfig(Ministral3Config):
+    """Ministral3Config of a cost model. Ministral3's attention scaling reads
+    `original_max_position_embeddings` from `rope_parameters` under every RoPE type, and the
+    Ministral-3 checkpoints (the tiny ones too) carry it under the default type, where
+    transformers 5.24 does not list it and warns "Unrecognized keys in `rope_parameters`". Here
+    the default type expects it; any other stray key is still reported."""
+
+    def _validate_default_rope_parameters(self, rope_parameters, ignore_keys=None) -> None:
+        read_by_attention = set(ignore_keys or ()) | {"original_max_position_embeddings"}
+        super()._validate_default_rope_parameters(rope_parameters, ignore_keys=read_by_attention)
+
+
+_SHAPE_FIELDS = set(inspect.signature(Ministral3Config.__init__).parameters) - {"self", "kwargs"}
+
+
 def random_adapter(config: dict, device: torch.device, dtype: torch.dtype, attn: str = ATTENTION,
                    vocab_at_least: int = 0, mask_token_id: int | None = None,
                    eos_token_ids: tuple[int, ...] = (), seed: int = 0, name: str = "random") -> BackboneAdapter:  # fmt: skip
@@ -81,7 +97,7 @@ def random_adapter(config: dict, device: torch.device, dtype: torch.dtype, attn:
 
     text = dict(config.get("text_config", config))
     text["vocab_size"] = max(int(text.get("vocab_size", 0)), vocab_at_least)
-    cfg = backbone_config(text)
+    cfg = ShapeConfig(**{key: value for key, value in text.items() if key in _SHAPE_FIELDS})
     cfg._attn_implementation = attn
     torch.manual_seed(seed)
     with torch.device(device), default_dtype(dtype), torch.no_grad():
