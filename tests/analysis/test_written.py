@@ -45,6 +45,32 @@ def test_a_table_named_without_records_is_written_with_its_note(tmp_path, capsys
     assert "skipped" not in capsys.readouterr().out
 
 
+def test_a_default_run_removes_the_earlier_files_of_what_it_skips_and_says_so(tmp_path, capsys):
+    root = _greedy_tiny(tmp_path)
+    assert main([str(root), "--tables", "7", "--figures", "4", "--n-resamples", "50"]) == 0  # written, with notes
+    earlier = [root / "tables" / f"table7{s}" for s in (".csv", ".md", ".tex")] + [root / "figures" / f"figure4{s}" for s in (".png", ".pdf", ".csv")]
+    assert all(path.is_file() for path in earlier)
+    (root / "tables" / "concurrency.md").write_text("an earlier sweep over C\n")  # these records hold one C
+    (root / "figures" / "figureC1.png").write_bytes(b"png")
+    (root / "tables" / "notes.txt").write_text("the user's own\n")
+    capsys.readouterr()
+    assert main([str(root), "--n-resamples", "50"]) == 0
+    assert not [path for path in earlier if path.exists()]
+    assert not (root / "tables" / "concurrency.md").exists() and not (root / "figures" / "figureC1.png").exists()
+    assert (root / "tables" / "notes.txt").is_file() and (root / "tables" / "table6.md").is_file()
+    [line] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("skipped")]
+    removed = line.split("; removed the earlier files of ")[1]
+    assert removed.endswith(", which these records do not make"), line
+    assert sorted(removed.split(", which")[0].split(", ")) == ["concurrency", "figure4", "figureC1", "table7"], line
+
+
+def test_a_run_that_names_its_tables_leaves_the_others_files_alone(tmp_path, capsys):
+    root = _greedy_tiny(tmp_path)
+    assert main([str(root), "--tables", "7", "--n-resamples", "50"]) == 0
+    assert main([str(root), "--tables", "6", "--n-resamples", "50"]) == 0
+    assert (root / "tables" / "table7.md").is_file() and "removed" not in capsys.readouterr().out
+
+
 def test_the_records_folder_named_again_is_reported_once(tmp_path, capsys):
     root = _greedy_tiny(tmp_path)  # as make reproduce-table6 names it: RESULTS/table6 --records RESULTS/table6/records
     assert main([str(root), "--tables", "6", "--records", str(root / "records"), "--n-resamples", "50"]) == 0

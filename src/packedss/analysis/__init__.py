@@ -53,6 +53,7 @@ class Results:
     comparisons: Comparisons
     written: list[Path] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # by default, the tables and figures without records
+    removed: list[Path] = field(default_factory=list)  # an earlier analysis's files of what this one did not write
 
     @property
     def per_response(self):
@@ -77,6 +78,17 @@ def record_sources(results_dir: str | Path, extra_records=()) -> list[Path]:
     return list(named.values())
 
 
+def remove_earlier_files(directory: Path, stem: str, suffixes) -> list[Path]:
+    """Remove the files an earlier analysis wrote of a table or figure (`stem`) that this one does
+    not write by default: left in place, they would read as results of these records."""
+    removed = []
+    for path in ((directory / stem).with_suffix(suffix) for suffix in suffixes):
+        if path.is_file():
+            path.unlink()
+            removed.append(path)
+    return removed
+
+
 def load_results(results_dir: str | Path, n_resamples: int = N_RESAMPLES, extra_records=()) -> Results:
     loaded = load_records(record_sources(results_dir, extra_records))
     return Results(Path(results_dir), loaded, Comparisons(per_response(loaded.frame), n_resamples))
@@ -96,7 +108,9 @@ def analyse(
     (default: all, C1 when a run was measured at two or more C) under `<out_dir or
     results_dir>/tables` and `/figures`; a table or figure asked for by name whose records are
     missing raises PackedSSError before anything is written, and by default one without records
-    is not written but named in `Results.skipped`; whenever tables are written, the per-run
+    is not written but named in `Results.skipped`, and the files an earlier analysis wrote of it
+    (or of the concurrency tables and C1 that these records do not make) are removed and listed
+    in `Results.removed`; whenever tables are written, the per-run
     summary (`runs`, every run of every family) is written too, and with the acceptance table or
     Figure A1 or A2 each run's `acceptance/<model>/<task>/<record file>/acceptance_profile.json`.
     `extra_records`: further record files or folders to read besides `<results_dir>/records`
@@ -106,9 +120,9 @@ def analyse(
     from packedss.analysis import concurrency
     from packedss.analysis.acceptance import acceptance_profiles, write_profiles
     from packedss.analysis.acceptance_tables import acceptance_table, latency_table
-    from packedss.analysis.figures import ACCEPTANCE_FIGURES, FIGURES, make_figure, write_figure
+    from packedss.analysis.figures import ACCEPTANCE_FIGURES, FIGURE_SUFFIXES, FIGURES, make_figure, write_figure
     from packedss.analysis.measured_tables import runs_table
-    from packedss.analysis.render import write_table
+    from packedss.analysis.render import TABLE_SUFFIXES, write_table
     from packedss.analysis.tables import ACCEPTANCE, CONCURRENCY, TABLES
 
     results = load_results(results_dir, n_resamples, extra_records)
@@ -134,6 +148,14 @@ def analyse(
             results.written += write_table(table, out / "tables")
         else:
             results.skipped.append(table.stem)
+            results.removed += remove_earlier_files(out / "tables", table.stem, TABLE_SUFFIXES)
+
+    # By default the concurrency tables and Figure C1 are not made from records that cannot make them.
+    if tables is None and CONCURRENCY not in numbers:
+        for stem in (CONCURRENCY, concurrency.CROSSOVER):
+            results.removed += remove_earlier_files(out / "tables", stem, TABLE_SUFFIXES)
+    if figures is None and concurrency.FIGURE not in figure_keys:
+        results.removed += remove_earlier_files(out / "figures", f"figure{concurrency.FIGURE}", FIGURE_SUFFIXES)
 
     if numbers:
         write(runs_table(results.per_question, results.comparisons))
@@ -155,6 +177,7 @@ def analyse(
         figure = make_figure(number, results.comparisons, profiles, records)
         if figure.data.empty and figures is None:
             results.skipped.append(f"figure{number}")
+            results.removed += remove_earlier_files(out / "figures", f"figure{number}", FIGURE_SUFFIXES)
             plt.close(figure.figure)
         else:
             results.written += write_figure(figure, out / "figures")

@@ -56,6 +56,18 @@ def check_records(sources: list[Path]) -> None:
     raise PackedSSError(f"no usable records under {where}{skipped}; run the jobs first (python run.py ... out_dir=RESULTS_DIR/records)")
 
 
+def skipped_line(skipped: list[str], removed: list[Path]) -> str | None:
+    """One line on what a default analysis did not write and why, and which files an earlier
+    analysis wrote of such tables and figures it removed."""
+    parts = []
+    if skipped:
+        parts.append(f"skipped {', '.join(skipped)}: no records of their settings (name one in --tables or --figures to write it anyway)")
+    if removed:
+        stems = ", ".join(dict.fromkeys(path.stem for path in removed))
+        parts.append(f"removed the earlier files of {stems}, which these records do not make")
+    return "; ".join(parts) or None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m packedss.analysis", description=__doc__.split("\n\n")[1])
     parser.add_argument("results_dir", help="results folder (records under RESULTS_DIR/records or RESULTS_DIR)")
@@ -102,8 +114,9 @@ def run(args: argparse.Namespace) -> int:
     print(audit.note(audited))
     for path in results.written:
         print(f"wrote {path}")
-    if results.skipped:
-        print(f"skipped {', '.join(results.skipped)}: no records of their settings (name one in --tables or --figures to write it anyway)")
+    line = skipped_line(results.skipped, results.removed)
+    if line:
+        print(line)
     print(f"done in {time.perf_counter() - start:.1f} s")
     if args.strict and audit.counts(audited)["unexplained"]:
         print("error: unexplained divergences from AR (--strict); see the lines above", file=sys.stderr)

@@ -44,6 +44,7 @@ from packedss.analysis.table import Col, Table, build
 from packedss.errors import PackedSSError
 
 CONCURRENCY = "concurrency"  # `--tables concurrency`: the tables concurrency and crossover
+CROSSOVER = "crossover"  # the second table of `--tables concurrency`
 FIGURE = "C1"  # `--figures C1`
 BASE = "linear"
 # The identity fields of the regime label: how the model time was made.
@@ -332,7 +333,7 @@ def concurrency_tables(records: pd.DataFrame, responses: pd.DataFrame, n_resampl
     if not crossings:
         cross_notes.append("No schedule has a Linear-SS run at two or more of its concurrencies.")
     keys = _keys(crossings) if crossings else list(KEYS)
-    crossing = build("crossover", "Crossover: the smallest C at which each schedule's time reaches Linear-SS's.", crossings, keys, CROSSOVER_COLS, notes=cross_notes)
+    crossing = build(CROSSOVER, "Crossover: the smallest C at which each schedule's time reaches Linear-SS's.", crossings, keys, CROSSOVER_COLS, notes=cross_notes)
     return [table, crossing]
 
 

@@ -311,10 +311,13 @@ def make_figure(number: int | str, comparisons: Comparisons, profiles: list[dict
     raise ValueError(f"no figure {number}; figures are {', '.join(map(str, FIGURES))}")
 
 
+FIGURE_SUFFIXES = (".png", ".pdf", ".csv")
+
+
 def write_figure(figure: Figure, directory: Path) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     stem = directory / f"figure{figure.number}"
-    paths = [stem.with_suffix(".png"), stem.with_suffix(".pdf"), stem.with_suffix(".csv")]
+    paths = [stem.with_suffix(suffix) for suffix in FIGURE_SUFFIXES]
     figure.figure.savefig(paths[0], dpi=150, bbox_inches="tight")
     figure.figure.savefig(paths[1], bbox_inches="tight")
     figure.data.to_csv(paths[2], index=False)

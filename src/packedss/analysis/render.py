@@ -58,10 +58,13 @@ def latex(table: Table) -> str:
     return "\n".join(lines) + "\n"
 
 
+TABLE_SUFFIXES = (".csv", ".md", ".tex")
+
+
 def write_table(table: Table, directory: Path) -> list[Path]:
     directory.mkdir(parents=True, exist_ok=True)
     stem = directory / table.stem
-    paths = [stem.with_suffix(".csv"), stem.with_suffix(".md"), stem.with_suffix(".tex")]
+    paths = [stem.with_suffix(suffix) for suffix in TABLE_SUFFIXES]
     table.data.to_csv(paths[0], index=False)
     paths[1].write_text(markdown(table), encoding="utf-8")
     paths[2].write_text(latex(table), encoding="utf-8")
