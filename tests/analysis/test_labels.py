@@ -98,3 +98,36 @@ def test_ar_shows_no_width_in_tables_2_3_runs_acceptance_latency_and_concurrency
         if "Method" in table.display:
             assert all(row["W"] == NO_WIDTH for row in _ar_rows(table)), table.key
             assert (table.display.loc[table.display["Method"] == "Packed-SS", "W"] == "8").all()
+
+
+def _suptitle(figure) -> str:
+    return figure._suptitle.get_text()
+
+
+@pytest.mark.parametrize("cost_model,regime", [(None, "eager, float32, 1 thread, cpu"), (TWIN, f"eager, float32, 1 thread, cpu, cost:{TWIN}")])
+def test_figures_a1_and_a2_and_the_profiles_name_the_regime(tmp_path, cost_model, regime):
+    fields = {"cost_model": cost_model} if cost_model else {}
+    results = load_results(_folder(tmp_path, questions=3, **fields), n_resamples=50)
+    profiles = acceptance_profiles(results.per_response, 50)
+    assert profiles and {profile["regime"] for profile in profiles} == {regime}
+    for number in ("A1", "A2"):
+        assert _suptitle(make_figure(number, results.comparisons, profiles).figure).splitlines()[-1] == regime, number
+
+
+def test_a1_and_a2_say_so_when_a_profile_holds_no_regime(tmp_path):
+    results = load_results(_folder(tmp_path, questions=3), n_resamples=50)
+    profiles = [{k: v for k, v in profile.items() if k != "regime"} for profile in acceptance_profiles(results.per_response, 50)]
+    assert _suptitle(make_figure("A2", results.comparisons, profiles).figure).endswith("\nregime not recorded")
+
+
+def test_every_written_table_names_the_regime_of_its_runs(tmp_path):
+    root = _folder(tmp_path / "one", questions=3)
+    written = analyse(root, tables=[2, 6, 12, "acceptance"], figures=[], n_resamples=50).written
+    for path in [p for p in written if p.suffix in (".md", ".tex")]:
+        assert "Measured in: eager, float32, 1 thread, cpu (every run of these records)." in path.read_text(), path
+    mixed = tmp_path / "two"
+    write_records(mixed / "records", [make_record(schedule=s, question=q, **fields) for s in SCHEDULES for q in range(3)
+                                      for fields in ({}, {"model": "tiny-2", "dtype": "bfloat16"})])  # fmt: skip
+    analyse(mixed, tables=[6], figures=[], n_resamples=50)
+    assert ("Measured in: eager, bfloat16, 1 thread, cpu | eager, float32, 1 thread, cpu (the runs of these records "
+            "differ in how they were measured).") in (mixed / "tables" / "table6.md").read_text()

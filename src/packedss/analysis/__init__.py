@@ -122,6 +122,7 @@ def analyse(
     from packedss.analysis.acceptance_tables import acceptance_table, latency_table
     from packedss.analysis.figures import ACCEPTANCE_FIGURES, FIGURE_SUFFIXES, FIGURES, make_figure, write_figure
     from packedss.analysis.measured_tables import runs_table
+    from packedss.analysis.metrics import regime_note
     from packedss.analysis.render import TABLE_SUFFIXES, write_table
     from packedss.analysis.tables import ACCEPTANCE, CONCURRENCY, TABLES
 
@@ -143,7 +144,11 @@ def analyse(
         concurrency.check(records, responses, "tables")
     if concurrency.FIGURE in figure_keys:
         concurrency.check(records, responses, "figure")
+    regime = regime_note(records)
+
     def write(table) -> None:
+        if table.measured:
+            table.notes.append(regime)
         if table.measured or tables is not None:  # asked for by name, written with its note
             results.written += write_table(table, out / "tables")
         else:

@@ -25,7 +25,7 @@ import pandas as pd
 
 from packedss.analysis.bootstrap import CONFIDENCE, CI, paired_bootstrap, sum_ratio
 from packedss.analysis.load import RUN_KEYS
-from packedss.analysis.metrics import block_of, family_rank, iteration_rows, order_rank, schedule_rank, task_rank
+from packedss.analysis.metrics import block_of, family_rank, iteration_rows, order_rank, regime_label, schedule_rank, task_rank
 
 SCHEMA = "packedss/acceptance_profile/1"
 PROFILE_NAME = "acceptance_profile.json"
@@ -120,6 +120,7 @@ def run_profile(identity: dict, run: pd.DataFrame, n_resamples: int) -> dict:
         "width": width,
         "block": _json_number(block_of(identity["family"], width)),
         "source": Path(str(run["source"].iloc[0])).name,
+        "regime": regime_label(run.iloc[0]),  # one per run: its fields are part of the run's config
         "counts": {
             "questions": len(questions),
             "responses": len(run),

@@ -106,6 +106,12 @@ A1_TITLE = "Figure A1: acceptance by draft depth"
 A2_TITLE = "Figure A2: tokens emitted per iteration"
 
 
+def regime_line(profiles: list[dict]) -> str:
+    """The regimes the runs were measured in, as Figures 3, 5 and C1 name them (a profile written
+    before profiles held it says so)."""
+    return " | ".join(sorted({profile.get("regime", "regime not recorded") for profile in profiles}))
+
+
 def figure_a1(profiles: list[dict]) -> tuple[plt.Figure, pd.DataFrame, list[str]]:
     """Runs that verified no draft (AR, native) have no curve."""
     drafting = [p for p in profiles if p["counts"]["draft_proposed"] > 0]
@@ -142,7 +148,8 @@ def figure_a1(profiles: list[dict]) -> tuple[plt.Figure, pd.DataFrame, list[str]
             ax.set_xlim(0.5, max(p["width"] for _, p in runs) + 0.5)
             ax.grid(alpha=0.3)
         top.legend(fontsize=7, frameon=True, framealpha=0.85, loc="best")
-    fig.suptitle(A1_TITLE + " (bands: 95% bootstrap CIs over questions; dotted: share of iterations with a depth-i draft)", fontsize=11)
+    fig.suptitle(A1_TITLE + " (bands: 95% bootstrap CIs over questions; dotted: share of iterations with a depth-i draft)\n"
+                 + regime_line(drafting), fontsize=11)  # fmt: skip
     fig.tight_layout()
     return fig, pd.DataFrame(rows), [f"{len(layout)} panels, {len(drafting)} runs"]
 
@@ -181,6 +188,6 @@ def figure_a2(profiles: list[dict]) -> tuple[plt.Figure, pd.DataFrame, list[str]
         ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))  # shares: 1, 0.1, 0.01
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, frameon=True, framealpha=0.85, loc="best")
-    fig.suptitle(A2_TITLE + " (full: every verified draft accepted)", fontsize=11)
+    fig.suptitle(A2_TITLE + " (full: every verified draft accepted)\n" + regime_line(profiles), fontsize=11)
     fig.tight_layout()
     return fig, pd.DataFrame(rows), [f"{len(layout)} panels, {len(profiles)} runs"]

@@ -30,10 +30,12 @@ from packedss.analysis.bootstrap import CI, N_RESAMPLES, pair, paired_bootstrap,
 from packedss.analysis.load import CONFIG_FIELDS, RUN_KEYS
 from packedss.analysis.metrics import (
     ORDER_LABELS,
+    REGIME_FIELDS,
     family_rank,
     model_label,
     order_group,
     order_rank,
+    regime_label,
     schedule_label,
     schedule_rank,
     task_label,
@@ -47,8 +49,6 @@ CONCURRENCY = "concurrency"  # `--tables concurrency`: the tables concurrency an
 CROSSOVER = "crossover"  # the second table of `--tables concurrency`
 FIGURE = "C1"  # `--figures C1`
 BASE = "linear"
-# The identity fields of the regime label: how the model time was made.
-REGIME_FIELDS = ("compile", "dtype", "threads", "device", "cost_model")
 # A series' setting: what its Linear-SS reference shares with it.
 SERIES_KEYS = tuple(k for k in RUN_KEYS if k not in ("concurrency", "config")) + ("order_group",)
 OWN_KEYS = ("schedule", "width", "pad_verify", "native_window")
@@ -68,15 +68,6 @@ def _canonical(value) -> str:
 def _shown(value) -> str:
     value = _plain(value)
     return value if isinstance(value, str) else _canonical(value)
-
-
-def regime_label(row: pd.Series) -> str:
-    """eager or compiled:<mode>, dtype, threads, device, and cost:<label> for a cost twin's time."""
-    parts = ["eager" if row["compile"] in ("none", None) else f"compiled:{row['compile']}", str(row["dtype"])]
-    parts += [f"{int(row['threads'])} thread{'s' if int(row['threads']) != 1 else ''}", str(row["device"])]
-    if isinstance(row.get("cost_model"), str) and row["cost_model"]:
-        parts.append(f"cost:{row['cost_model']}")
-    return ", ".join(parts)
 
 
 def _keyed(frame: pd.DataFrame) -> pd.DataFrame:

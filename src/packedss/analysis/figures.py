@@ -33,15 +33,16 @@ from packedss.analysis.acceptance import acceptance_profiles  # noqa: E402
 from packedss.analysis.acceptance_figures import figure_a1, figure_a2  # noqa: E402
 from packedss.analysis.compare import Comparisons, Pairing  # noqa: E402
 from packedss.analysis.concurrency import FIGURE as CONCURRENCY_FIGURE  # noqa: E402
-from packedss.analysis.concurrency import REGIME_FIELDS, regime_label  # noqa: E402
 from packedss.analysis.concurrency_figures import figure_c1  # noqa: E402
 from packedss.analysis.metrics import (  # noqa: E402
     MODEL_SHORT,
+    REGIME_FIELDS,
     block_of,
     family_orders,
     family_rank,
     model_label,
     order_rank,
+    regime_label,
     schedule_colour,
     schedule_label,
     schedule_rank,

@@ -282,3 +282,24 @@ def sort_schedules(schedules) -> list[str]:
 
 def sort_tasks(tasks) -> list[str]:
     return sorted(tasks, key=task_rank)
+
+
+# The identity fields of the regime label: how the model time was made.
+REGIME_FIELDS = ("compile", "dtype", "threads", "device", "cost_model")
+
+
+def regime_label(row: pd.Series) -> str:
+    """eager or compiled:<mode>, dtype, threads, device, and cost:<label> for a cost twin's time."""
+    parts = ["eager" if row["compile"] in ("none", None) else f"compiled:{row['compile']}", str(row["dtype"])]
+    parts += [f"{int(row['threads'])} thread{'s' if int(row['threads']) != 1 else ''}", str(row["device"])]
+    if isinstance(row.get("cost_model"), str) and row["cost_model"]:
+        parts.append(f"cost:{row['cost_model']}")
+    return ", ".join(parts)
+
+
+def regime_note(frame: pd.DataFrame) -> str:
+    """The note under every written table: how the runs of these records were measured."""
+    regimes = sorted({regime_label(row) for _, row in frame[list(REGIME_FIELDS)].drop_duplicates().iterrows()})
+    if len(regimes) == 1:
+        return f"Measured in: {regimes[0]} (every run of these records)."
+    return f"Measured in: {' | '.join(regimes)} (the runs of these records differ in how they were measured)."
