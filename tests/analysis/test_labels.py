@@ -131,3 +131,14 @@ def test_every_written_table_names_the_regime_of_its_runs(tmp_path):
     analyse(mixed, tables=[6], figures=[], n_resamples=50)
     assert ("Measured in: eager, bfloat16, 1 thread, cpu | eager, float32, 1 thread, cpu (the runs of these records "
             "differ in how they were measured).") in (mixed / "tables" / "table6.md").read_text()
+
+
+@pytest.mark.parametrize("family,model,schedules", [("setdlm", "tiny-set", ("ar", "linear", "packed")), ("nemotron", "tiny", SCHEDULES)])
+def test_figure3_keeps_apart_runs_of_one_setting_that_differ_in_their_config(tmp_path, family, model, schedules):
+    records = [make_record(model=model, family=family, schedule=s, question=q, tokens_per_iteration={"ar": 1}.get(s, 3), **fields)
+               for s in schedules for q in range(3) for fields in ({}, {"dtype": "bfloat16"})]  # fmt: skip
+    write_records(tmp_path / "records", records)
+    figure = make_figure(3, load_results(tmp_path, n_resamples=50).comparisons)
+    settings = set(figure.data["setting"])
+    assert len(settings) == 2 and all("dtype=" in setting for setting in settings), settings
+    assert not figure.data.duplicated(["setting", "schedule", "metric"]).any()

@@ -66,8 +66,9 @@ class Figure:
 
 def _setting(p: Pairing) -> str:
     label = p.setting_label.replace(" [", "\n[")  # a config (a cost twin, a dtype, ...) on a line of its own
-    if family_orders(p.family):
-        return f"{MODEL_SHORT.get(p.model, p.model)} {task_label(p.task)}\n{label}"
+    if family_orders(p.family):  # the any-order family's label ("W=8 LTR") leaves the config to the tables' column
+        config = f"\n[{p.config}]" if p.config else ""
+        return f"{MODEL_SHORT.get(p.model, p.model)} {task_label(p.task)}\n{label}{config}"
     return label.replace(" ", "\n", 1)
 
 
