@@ -99,7 +99,7 @@ def hydra_message(err: BaseException) -> Optional[str]:
         return unknown_key_message(str(cause.full_key), valid)
     if isinstance(cause, ValidationError) and getattr(cause, "full_key", None):
         reason = str(cause).splitlines()[0]
-        return f"invalid value for {cause.full_key}: {reason}; give {cause.full_key} a value of its type (README, 'Top-level keys')"
+        return f"invalid value for {cause.full_key}: {reason}; give {cause.full_key} a value of its type (docs/configuration.md, top-level keys)"
     if isinstance(cause, OmegaConfBaseException) or isinstance(err, HydraException):
         text = str(err) if cause is None or cause is err else f"{err} ({str(cause).splitlines()[0]})"
         return one_line(text)
