@@ -6,7 +6,7 @@ line before anything is submitted, or, where sbatch --test-only cannot tell, nam
 
 The cluster runs its jobs side by side, so the scenarios run together, once per session (the
 first xdist worker runs them, under a file lock; their outcomes are kept in a JSON file), and
-each test checks one of them. The time-limit job is sized from the local run's time per
+each test checks one of them. The time-limit job is sized from this machine's time per
 response, to outlast its first attempt."""
 
 from __future__ import annotations
@@ -24,10 +24,13 @@ from pathlib import Path
 
 import pytest
 from filelock import FileLock
+from hydra import compose, initialize_config_dir
 from submitit.core.utils import DelayedSubmission
 
-from packedss.paths import PROJECT_ROOT
+from packedss.config import register_configs
+from packedss.paths import CONF_DIR, PROJECT_ROOT
 from packedss.records import read_records
+from packedss.runner import run_job
 from tests.slurm_cluster import Cluster, shared_folder, slurm_cluster  # noqa: F401 - the fixture
 from tests.test_runner import TIMING_FIELDS, offline_env
 
@@ -39,11 +42,13 @@ LAUNCHER = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.lau
 VOLATILE_FIELDS = TIMING_FIELDS | {"compile_s", "slurm"}
 SWEEP = ["schedule=ar,packed", "limit=3"]
 REQUEUED_QUESTIONS = 16
+REQUEUED = ["schedule=ar,packed", f"limit={REQUEUED_QUESTIONS}", "hydra.launcher.array_parallelism=1"]
 # SLURM signals a job at its first time-limit check (every 30 s) that falls within
 # signal_delay_s + 30 s of the limit: with a 1-minute limit and 12 s, 18 to 48 s into each run.
 SIGNAL_DELAY_S = 12
-TIME_LIMITED_WORK_S = 55  # more than a first run can do before its signal
+TIME_LIMITED_WORK_S = 45  # more than a first run can do before its signal, its start-up included
 DEADLINE_S = 400
+STARTED = time.monotonic()
 
 
 def sweep_command(folder: Path, overrides: list[str], launcher: list[str]) -> list[str]:
@@ -57,12 +62,15 @@ class Sweep:
 
     def __init__(self, cluster: Cluster, folder: Path, name: str, overrides: list[str]):
         self.cluster, self.folder, self.name = cluster, folder, name
-        self.facts: dict = {}
+        self.facts: dict = {"timeline": {}}  # seconds from the start of the scenarios to each event
         folder.mkdir(parents=True)
         command = sweep_command(folder, [f"hydra.launcher.name={name}", *overrides], LAUNCHER)
         with open(folder / "stdout", "w") as stdout, open(folder / "stderr", "w") as stderr:
             self.process = subprocess.Popen(command, stdout=stdout, stderr=stderr,
                                             env=cluster.env(offline_env(folder)), cwd=folder)  # fmt: skip
+
+    def mark(self, event: str) -> None:
+        self.facts["timeline"][event] = round(time.monotonic() - STARTED, 1)
 
     def wait_for(self, condition, every: float = 0.2):
         """condition()'s first true value; None when the sweep ended first or after DEADLINE_S."""
@@ -89,6 +97,7 @@ class Sweep:
         """Start the job as soon as it is requeued (see Cluster.release)."""
         job = self.job(("PENDING",), reason="BeginTime")
         if job is not None:
+            self.mark("requeued")
             self.cluster.release(job, *updates)
         return job is not None
 
@@ -100,6 +109,7 @@ class Sweep:
             status = self.process.wait(timeout=DEADLINE_S)
         except subprocess.TimeoutExpired:
             status = f"still running after {DEADLINE_S} s"
+        self.mark("ended")
         return {"status": status, "stderr": (self.folder / "stderr").read_text(), "folder": str(self.folder),
                 **self.facts}  # fmt: skip
 
@@ -112,11 +122,17 @@ class Sweep:
 def scenario(function):
     """Run a scenario on a Sweep and give its outcome; an error in it is its outcome's `error`."""
 
-    def run(cluster: Cluster, folder: Path, name: str, overrides: list[str], *args) -> dict:
+    def run(cluster: Cluster, folder: Path, name: str, overrides: list[str], queued: threading.Event | None = None) -> dict:
+        """`queued` is set once SLURM lists the sweep's jobs: they run before any submitted later."""
         sweep = Sweep(cluster, folder, name, overrides)
         error = {}
         try:
-            function(sweep, *args)
+            if queued is not None:
+                try:
+                    sweep.wait_for(lambda: sweep.cluster.jobs(name))
+                finally:
+                    queued.set()
+            function(sweep)
         except Exception as err:  # noqa: BLE001 - reported by the test that reads this outcome
             error = {"error": f"{type(err).__name__}: {err}"}
             sweep.end()
@@ -134,29 +150,26 @@ def finished(sweep: Sweep) -> None:
 
 
 @scenario
-def time_limited(sweep: Sweep, running: threading.Event) -> None:
-    try:
-        sweep.facts["job"] = sweep.job(("RUNNING",))
-    finally:
-        running.set()
+def time_limited(sweep: Sweep) -> None:
+    sweep.facts["job"] = sweep.job(("RUNNING",))
+    sweep.mark("running")
     # its second run gets a longer limit, so that two runs finish the job whatever this machine's speed
     sweep.facts["requeued"] = sweep.release_after_requeue("TimeLimit=10")
 
 
 @scenario
-def requeued(sweep: Sweep) -> None:
-    job = sweep.facts["job"] = sweep.job(("RUNNING",))
+def requeued_and_cancelled(sweep: Sweep) -> None:
+    """The array runs one job at a time: its job 1 waits while job 0 runs, is cancelled, and job 0
+    is requeued once it has written two records."""
+    job = sweep.facts["job"] = sweep.job(("RUNNING",), task="0")
+    sweep.mark("running")
+    waiting = sweep.facts["cancelled"] = sweep.job(("PENDING",), task="1")
+    if waiting:
+        sweep.cluster.command("scancel", waiting)
     recorded = sweep.facts["recorded_at_requeue"] = sweep.wait_for(lambda: sweep.records() >= 2 and sweep.records(), 0.05)
     if job and recorded:
         sweep.cluster.command("scontrol", "requeue", job)
         sweep.facts["requeued"] = sweep.release_after_requeue()
-
-
-@scenario
-def cancelled(sweep: Sweep) -> None:
-    job = sweep.facts["job"] = sweep.job(("RUNNING",), task="1")
-    if job:
-        sweep.cluster.command("scancel", job)
 
 
 def reference_run(folder: Path) -> dict:
@@ -167,42 +180,47 @@ def reference_run(folder: Path) -> dict:
     return {"status": result.returncode, "stderr": result.stderr, "folder": str(folder)}
 
 
-def refused(cluster: Cluster, folder: Path, name: str, overrides: list[str]) -> dict:
+def refused(cluster: Cluster, folder: Path, name: str, launcher: list[str]) -> dict:
     """A sweep the cluster refuses: what it printed, and whether anything was submitted or written."""
     folder.mkdir(parents=True)
-    command = sweep_command(folder, [f"hydra.launcher.name={name}", *SWEEP, *overrides], ["hydra/launcher=slurm"])
+    command = sweep_command(folder, [f"hydra.launcher.name={name}", *SWEEP], launcher)
     result = subprocess.run(command, capture_output=True, text=True, env=cluster.env(offline_env(folder)), cwd=folder,
                             timeout=DEADLINE_S)  # fmt: skip
     return {"status": result.returncode, "stderr": result.stderr, "stdout": result.stdout, "submitted": cluster.jobs(name),
             "written": sorted(path.name for path in folder.iterdir())}  # fmt: skip
 
 
-def mean_ar_response_s(reference: dict) -> float:
-    [path] = Path(reference["folder"], "out").rglob("ar-*.jsonl")
-    records, _ = read_records(path)
+def seconds_per_ar_response(folder: Path) -> float:
+    """This machine's decoding time per response of the time-limited job's settings (in this process)."""
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=["schedule=ar", "limit=4", f"out_dir={folder}"])
+    records, _ = read_records(run_job(cfg).path)
     return sum(record["wall_s"] for record in records) / len(records)
 
 
 def run_scenarios(cluster: Cluster, folder: Path) -> dict:
-    runs = {"reference": reference_run(folder / "reference")}
-    assert runs["reference"]["status"] == 0, runs["reference"]["stderr"][-3000:]
-    responses = math.ceil(TIME_LIMITED_WORK_S / mean_ar_response_s(runs["reference"]))
+    global STARTED
+    STARTED = time.monotonic()
+    responses = math.ceil(TIME_LIMITED_WORK_S / seconds_per_ar_response(folder / "calibration"))
     time_limit = ["schedule=ar", f"limit={responses}", f"task.n={max(200, responses)}", "hydra.launcher.timeout_min=1",
                   f"hydra.launcher.signal_delay_s={SIGNAL_DELAY_S}"]  # fmt: skip
-    running = threading.Event()
     with ThreadPoolExecutor(max_workers=6) as pool:
-        futures = {"time_limit": pool.submit(time_limited, cluster, folder / "time_limit", "timelimit", time_limit, running)}
-        running.wait(timeout=DEADLINE_S)  # the longest job takes the first CPU; the others share the second
+        # the longest chain first: the time-limited job takes one CPU, the requeued one then the other
+        futures = {}
+        for name, function, overrides in (("time_limit", time_limited, time_limit),
+                                          ("requeue", requeued_and_cancelled, REQUEUED)):  # fmt: skip
+            queued = threading.Event()
+            futures[name] = pool.submit(function, cluster, folder / name, name, overrides, queued)
+            queued.wait(timeout=DEADLINE_S)
         futures |= {
+            "reference": pool.submit(reference_run, folder / "reference"),
             "sweep": pool.submit(finished, cluster, folder / "sweep", "sweep", SWEEP),
-            "requeue": pool.submit(requeued, cluster, folder / "requeue", "requeue", ["schedule=ar",
-                                                                                      f"limit={REQUEUED_QUESTIONS}"]),
-            "cancel": pool.submit(cancelled, cluster, folder / "cancel", "cancel", ["schedule=ar,packed", "limit=2"]),
             "partition": pool.submit(refused, cluster, folder / "partition", "partition",
-                                     ["hydra.launcher.partition=nowhere"]),
-            "gpu": pool.submit(refused, cluster, folder / "gpu", "gpu", []),  # the launcher's defaults: a GPU job
+                                     [*LAUNCHER, "hydra.launcher.partition=nowhere"]),
+            "gpu": pool.submit(refused, cluster, folder / "gpu", "gpu", ["hydra/launcher=slurm"]),  # its defaults: a GPU
         }  # fmt: skip
-        runs |= {name: future.result() for name, future in futures.items()}
+        runs = {name: future.result() for name, future in futures.items()}
     runs["time_limit"]["responses"] = responses
     return runs
 
@@ -243,6 +261,7 @@ def assert_completed(run: dict) -> None:
 
 def test_a_sweep_through_slurm_writes_the_records_of_the_local_run(slurm_runs):
     reference, sweep = slurm_runs["reference"], slurm_runs["sweep"]
+    assert_completed(reference)
     assert_completed(sweep)
     local, remote = records_by_file(reference["folder"]), records_by_file(sweep["folder"])
     assert sorted(local) == sorted(remote) and len(local) == 2
@@ -258,10 +277,10 @@ def test_a_sweep_through_slurm_writes_the_records_of_the_local_run(slurm_runs):
 
 def test_a_job_requeued_mid_run_completes_with_every_question_once(slurm_runs):
     run = slurm_runs["requeue"]
-    assert_completed(run)
-    [records] = records_by_file(run["folder"]).values()
+    assert "error" not in run and run["requeued"], run.get("error", "") + run["stderr"][-3000:]
+    [records] = [records for name, records in records_by_file(run["folder"]).items() if "/ar-" in name]
     assert sorted(record["question_id"] for record in records) == sorted(f"arith/test/{i}" for i in range(16))
-    assert run["requeued"] and 2 <= run["recorded_at_requeue"] < REQUEUED_QUESTIONS
+    assert 2 <= run["recorded_at_requeue"] < REQUEUED_QUESTIONS
     done_first = attempts(records).count(0)
     assert done_first >= run["recorded_at_requeue"] and attempts(records) == [0] * done_first + [1] * (16 - done_first)
 
@@ -283,14 +302,13 @@ def test_a_job_at_its_time_limit_stops_at_a_record_boundary_and_is_requeued(slur
 
 
 def test_a_cancelled_job_is_a_failed_job_of_the_summary_and_the_others_complete(slurm_runs):
-    run = slurm_runs["cancel"]
-    assert "error" not in run and run["status"] == 1 and run["job"], run.get("error", "") + run["stderr"][-3000:]
+    run = slurm_runs["requeue"]  # its job 1 was cancelled while job 0 ran
+    assert "error" not in run and run["status"] == 1 and run["cancelled"], run.get("error", "") + run["stderr"][-3000:]
     summary = run["stderr"][run["stderr"].index("1 of 2 jobs failed") :]
-    assert "#1 schedule=packed limit=2" in summary and "rerun: python run.py schedule=packed limit=2" in summary
-    assert f"job {run['job']} ended without a result (state: CANCELLED" in summary
-    files = records_by_file(run["folder"])
-    [ar] = [records for name, records in files.items() if "/ar-" in name]
-    assert len(ar) == 2
+    assert f"#1 schedule=packed limit={REQUEUED_QUESTIONS}" in summary
+    assert f"job {run['cancelled']} ended without a result (state: CANCELLED" in summary
+    assert f"rerun: python run.py schedule=packed limit={REQUEUED_QUESTIONS}" in summary
+    assert [name.split("/")[-1][:3] for name in records_by_file(run["folder"])] == ["ar-"]  # job 0 completed
 
 
 @pytest.mark.parametrize("case, reason", [("partition", "invalid partition specified: nowhere"),
