@@ -19,8 +19,7 @@
 # cannot be had on this machine (not root, not installed and no apt-get, or the install failed).
 set -euo pipefail
 
-DIR="${LOCAL_SLURM_DIR:-/tmp/packedss-slurm}"
-DIR="$(mkdir -p "$DIR" && cd "$DIR" && pwd)"
+DIR="$(realpath -m "${LOCAL_SLURM_DIR:-/tmp/packedss-slurm}")"
 CONF="$DIR/slurm.conf"
 SOCKET="$DIR/munge/munge.socket"
 PARTITION=local
@@ -35,12 +34,13 @@ fail() {  # status, then the message: one line on stderr
     exit "$status"
 }
 
-pid_of() {  # the pid in the daemon's pid file when that process is alive and is this daemon
-    local file="$DIR/run/$1.pid" pid
+pid_of() {  # the pid in the daemon's pid file when that process is alive and is this folder's daemon
+    local file="$DIR/run/$1.pid" pid command
     [[ -s $file ]] || return 1
     pid=$(<"$file")
-    [[ $pid =~ ^[0-9]+$ ]] && [[ -r /proc/$pid/cmdline ]] || return 1
-    tr '\0' ' ' <"/proc/$pid/cmdline" | grep -q -- "$1" || return 1  # not a reused pid
+    [[ $pid =~ ^[0-9]+$ && -r /proc/$pid/cmdline ]] || return 1
+    command=$(tr '\0' ' ' <"/proc/$pid/cmdline")
+    [[ $command == *"$1"* && $command == *"$DIR/"* ]] || return 1  # not a reused pid
     echo "$pid"
 }
 
@@ -69,23 +69,27 @@ free_port() {  # the first port from $1 on that nothing listens on
     echo "$port"
 }
 
-write_conf() {
-    local node cpus memory ctld_port slurmd_port detected
-    node=$(hostname -s)
+read_node() {  # NODE, CPUS and MEMORY (MB) of this machine, as slurmd reads them
+    local detected
+    NODE=$(hostname -s)
     detected=$(slurmd -C | head -1)
-    cpus=$(sed -n 's/.* CPUs=\([0-9]*\).*/\1/p' <<<"$detected")
-    memory=$(sed -n 's/.* RealMemory=\([0-9]*\).*/\1/p' <<<"$detected")
+    CPUS=$(sed -n 's/.* CPUs=\([0-9]*\).*/\1/p' <<<"$detected")
+    MEMORY=$(sed -n 's/.* RealMemory=\([0-9]*\).*/\1/p' <<<"$detected")
     if [[ -n ${LOCAL_SLURM_CPUS:-} ]]; then
-        [[ $LOCAL_SLURM_CPUS =~ ^[1-9][0-9]*$ && $LOCAL_SLURM_CPUS -le $cpus ]] ||
-            fail 2 "LOCAL_SLURM_CPUS=$LOCAL_SLURM_CPUS is not a CPU count from 1 to this machine's $cpus; unset it or lower it"
-        cpus=$LOCAL_SLURM_CPUS
+        [[ $LOCAL_SLURM_CPUS =~ ^[1-9][0-9]*$ ]] && ((LOCAL_SLURM_CPUS <= CPUS)) ||
+            fail 2 "LOCAL_SLURM_CPUS=$LOCAL_SLURM_CPUS is not a CPU count from 1 to this machine's $CPUS; unset it or lower it"
+        CPUS=$LOCAL_SLURM_CPUS
     fi
+}
+
+write_conf() {
+    local ctld_port slurmd_port
     ctld_port=$(free_port 6817)
     slurmd_port=$(free_port $((ctld_port + 1)))
     cat >"$CONF" <<EOF
 # Written by scripts/local_slurm.sh: a one-node cluster, everything under $DIR.
 ClusterName=packedss
-SlurmctldHost=$node(127.0.0.1)
+SlurmctldHost=$NODE(127.0.0.1)
 SlurmctldPort=$ctld_port
 SlurmdPort=$slurmd_port
 SlurmUser=root
@@ -110,8 +114,8 @@ MpiDefault=none
 ReturnToService=2
 KillWait=10
 MinJobAge=600
-NodeName=$node NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=$memory State=UNKNOWN
-PartitionName=$PARTITION Nodes=$node Default=YES MaxTime=INFINITE State=UP
+NodeName=$NODE NodeAddr=127.0.0.1 CPUs=$CPUS RealMemory=$MEMORY State=UNKNOWN
+PartitionName=$PARTITION Nodes=$NODE Default=YES MaxTime=INFINITE State=UP
 EOF
 }
 
@@ -129,11 +133,11 @@ start_munged() {
 wait_for_node() {  # until the node takes jobs (slurmd registered), at most 60 s
     local state=""
     for _ in $(seq 120); do
-        state=$(sinfo --noheader --node="$(hostname -s)" --format=%t 2>/dev/null || true)
+        state=$(sinfo --noheader --node="$NODE" --format=%t 2>/dev/null || true)
         [[ $state =~ ^(idle|mix|alloc) ]] && return 0
         sleep 0.5
     done
-    fail 1 "the node did not come up (state: ${state:-unknown}); see $DIR/log/slurmctld.log and $DIR/log/slurmd.log"
+    fail 1 "the node did not come up (state: ${state:-unknown}); see $DIR/log/slurmctld.log and $DIR/log/slurmd.log, then run $0 stop"
 }
 
 start() {
@@ -147,15 +151,16 @@ start() {
         for daemon in slurmd slurmctld; do
             pid_of "$daemon" >/dev/null && fail 1 "$daemon of $DIR runs without the rest of the cluster; run $0 stop first"
         done
+        read_node
         start_munged
         write_conf
         rm -rf "$DIR/state"/* "$DIR/spool"/*  # a fresh cluster: `stop` cancelled every job
         slurmctld -f "$CONF" </dev/null >>"$DIR/log/slurmctld.out" 2>&1 ||
-            fail 1 "slurmctld did not start; see $DIR/log/slurmctld.log and $DIR/log/slurmctld.out"
-        slurmd -f "$CONF" -N "$(hostname -s)" </dev/null >>"$DIR/log/slurmd.out" 2>&1 ||
-            fail 1 "slurmd did not start; see $DIR/log/slurmd.log and $DIR/log/slurmd.out"
+            fail 1 "slurmctld did not start; see $DIR/log/slurmctld.log and $DIR/log/slurmctld.out, then run $0 stop"
+        slurmd -f "$CONF" -N "$NODE" </dev/null >>"$DIR/log/slurmd.out" 2>&1 ||
+            fail 1 "slurmd did not start; see $DIR/log/slurmd.log and $DIR/log/slurmd.out, then run $0 stop"
         wait_for_node
-        echo "a local SLURM cluster runs in $DIR (node $(hostname -s), partition $PARTITION)"
+        echo "a local SLURM cluster runs in $DIR (node $NODE with $CPUS CPUs and $MEMORY MB, partition $PARTITION)"
     fi
     echo "export SLURM_CONF=$CONF"
 }

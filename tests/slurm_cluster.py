@@ -89,6 +89,8 @@ def slurm_cluster(tmp_path_factory) -> Iterator[Cluster]:
             count = int(users.read_text()) - 1
             users.write_text(str(count))
             if count == 0:
+                pids = [int(path.read_text()) for path in (cluster.folder / "run").glob("*.pid")]
                 stopped = _script(cluster.folder, "stop")
                 assert stopped.returncode == 0, stopped.stderr[-3000:]
+                assert len(pids) == 3 and not [pid for pid in pids if Path(f"/proc/{pid}").exists()], stopped.stdout
                 shutil.rmtree(cluster.folder)

@@ -31,7 +31,8 @@ from packedss.config import register_configs
 from packedss.paths import CONF_DIR, PROJECT_ROOT
 from packedss.records import read_records
 from packedss.runner import run_job
-from tests.slurm_cluster import Cluster, shared_folder, slurm_cluster  # noqa: F401 - the fixture
+from tests.bad_inputs import error_line
+from tests.slurm_cluster import SCRIPT, Cluster, shared_folder, slurm_cluster  # noqa: F401 - the fixture
 from tests.test_runner import TIMING_FIELDS, offline_env
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("slurm")]
@@ -279,10 +280,11 @@ def test_a_job_requeued_mid_run_completes_with_every_question_once(slurm_runs):
     run = slurm_runs["requeue"]
     assert "error" not in run and run["requeued"], run.get("error", "") + run["stderr"][-3000:]
     [records] = [records for name, records in records_by_file(run["folder"]).items() if "/ar-" in name]
-    assert sorted(record["question_id"] for record in records) == sorted(f"arith/test/{i}" for i in range(16))
-    assert 2 <= run["recorded_at_requeue"] < REQUEUED_QUESTIONS
+    questions = REQUEUED_QUESTIONS
+    assert sorted(record["question_id"] for record in records) == sorted(f"arith/test/{i}" for i in range(questions))
+    assert 2 <= run["recorded_at_requeue"] < questions
     done_first = attempts(records).count(0)
-    assert done_first >= run["recorded_at_requeue"] and attempts(records) == [0] * done_first + [1] * (16 - done_first)
+    assert done_first >= run["recorded_at_requeue"] and attempts(records) == [0] * done_first + [1] * (questions - done_first)
 
 
 def test_a_job_at_its_time_limit_stops_at_a_record_boundary_and_is_requeued(slurm_runs):
@@ -319,7 +321,7 @@ def test_settings_the_cluster_refuses_are_one_error_line_before_anything_is_subm
     assert run["status"] == 2 and len(lines) == 1, run["stderr"][-3000:]
     assert lines[0].startswith("error: sbatch --test-only refuses this sweep's jobs (") and reason in lines[0]
     assert "fix hydra.launcher.partition, account" in lines[0]
-    assert run["submitted"] == {} and run["written"] == [] and "Launching" not in run["stdout"]
+    assert run["submitted"] == {} and run["written"] == [] and run["stdout"] == ""
 
 
 FAKE_SBATCH = """#!/bin/sh
@@ -348,3 +350,33 @@ def test_an_array_that_sbatch_refuses_at_submission_is_named_by_the_sweep_summar
                          "account/partition combination specified); fix hydra.launcher.partition, account") == 2
     assert "#1 schedule=packed limit=1" in summary and "rerun: python run.py schedule=packed limit=1" in summary
     assert not (tmp_path / "out").exists()
+
+
+def test_a_slurm_sweep_without_slurm_is_one_error_line(tmp_path):
+    env = offline_env(tmp_path) | {"PATH": str(tmp_path / "no-tools")}
+    result = subprocess.run(sweep_command(tmp_path, SWEEP, LAUNCHER), capture_output=True, text=True, env=env,
+                            cwd=tmp_path, timeout=DEADLINE_S)  # fmt: skip
+    assert error_line(result).startswith("error: hydra/launcher=slurm needs SLURM's sbatch and srun on PATH (")
+    assert not (tmp_path / "out").exists() and not (tmp_path / "multirun").exists()
+
+
+def test_local_slurm_bad_usage_is_one_error_line(slurm_cluster, tmp_path):  # noqa: F811 - the fixture
+    folder = tmp_path / "cluster"
+    unknown = subprocess.run(["bash", str(SCRIPT), "nope"], capture_output=True, text=True,
+                             env={**os.environ, "LOCAL_SLURM_DIR": str(folder)}, timeout=60)  # fmt: skip
+    assert error_line(unknown) == f"error: unknown command 'nope'; use {SCRIPT} start, status or stop"
+    assert not folder.exists()
+    cpus = subprocess.run(["bash", str(SCRIPT), "start"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "LOCAL_SLURM_DIR": str(folder), "LOCAL_SLURM_CPUS": "zero"})  # fmt: skip
+    assert error_line(cpus).startswith("error: LOCAL_SLURM_CPUS=zero is not a CPU count from 1 to this machine's ")
+    assert list((folder / "run").iterdir()) == []  # no daemon started
+
+
+def test_local_slurm_status_names_the_running_daemons(slurm_cluster):  # noqa: F811 - the fixture
+    status = subprocess.run(["bash", str(SCRIPT), "status"], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "LOCAL_SLURM_DIR": str(slurm_cluster.folder)})  # fmt: skip
+    assert status.returncode == 0, status.stderr
+    lines = status.stdout.splitlines()
+    for daemon in ("munged", "slurmctld", "slurmd"):
+        assert re.fullmatch(rf"{daemon}: running \(pid \d+\)", lines.pop(0))
+    assert lines[0] == f"export SLURM_CONF={slurm_cluster.conf}" and "local*" in status.stdout  # sinfo's partition
