@@ -380,3 +380,32 @@ def test_local_slurm_status_names_the_running_daemons(slurm_cluster):  # noqa: F
     for daemon in ("munged", "slurmctld", "slurmd"):
         assert re.fullmatch(rf"{daemon}: running \(pid \d+\)", lines.pop(0))
     assert lines[0] == f"export SLURM_CONF={slurm_cluster.conf}" and "local*" in status.stdout  # sinfo's partition
+
+
+FAKE_SACCT = """#!/bin/sh
+echo "Slurm accounting storage is disabled" >&2
+exit 1
+"""
+
+
+def test_without_accounting_job_states_come_from_squeue_said_once(tmp_path, monkeypatch, capsys):
+    from hydra_plugins.packedss_sweeper.launchers import GONE, _watcher_class
+
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "sacct").write_text(FAKE_SACCT)
+    # squeue lists the array's tasks (a pending range folded) and not job 6, which ended long ago
+    (tools / "squeue").write_text("#!/bin/sh\nprintf '5_0|RUNNING\\n5_1|CANCELLED\\n7_[0-1]|PENDING\\n'\n")
+    for tool in tools.iterdir():
+        tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}{os.pathsep}{os.environ['PATH']}")
+    watcher = _watcher_class()(delay_s=600)
+    for job in ("5_0", "5_1", "6", "7_1"):
+        watcher.register_job(job)
+    watcher.update()
+    watcher.update()
+    states = {job: watcher.get_state(job, mode="cache") for job in ("5_0", "5_1", "6", "7_1")}
+    assert states == {"5_0": "RUNNING", "5_1": "CANCELLED", "6": GONE, "7_1": "PENDING"}
+    assert [watcher.is_done(job, mode="cache") for job in states] == [False, True, True, False]
+    assert capsys.readouterr().err.count("sacct cannot tell job states on this cluster (Slurm accounting storage is "
+                                         "disabled); polling them with squeue instead") == 1
