@@ -202,14 +202,14 @@ class LocalLauncher(SubmititLocalLauncher):
 
 
 class SlurmLauncher(SubmititSlurmLauncher):
-    def __init__(self, **params: Any) -> None:
-        super().__init__(**params)
-        self.watcher: Any = None  # one per sweep: it says once that it polls with squeue
+    # One per process, made at the first launch (submitit's is made at import): it says once that
+    # it polls with squeue. A class attribute, so that the launcher pickled into each job leaves it.
+    watcher: Any = None
 
     def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        if self.watcher is None:
-            self.watcher = _watcher_class()(delay_s=600)
-        with _every_job_read(), _watched_by(self.watcher):
+        if SlurmLauncher.watcher is None:
+            SlurmLauncher.watcher = _watcher_class()(delay_s=600)
+        with _every_job_read(), _watched_by(SlurmLauncher.watcher):
             return super().launch(job_overrides, initial_job_idx)
 
     def submission_problem(self, jobs: int) -> Optional[str]:
@@ -241,5 +241,6 @@ class SlurmLauncher(SubmititSlurmLauncher):
             except (OSError, subprocess.TimeoutExpired) as err:
                 return f"sbatch --test-only did not answer ({err}); check that the SLURM controller runs (sinfo)"
         if answer.returncode != 0:
-            return f"sbatch --test-only refuses this sweep's jobs ({sbatch_reason(answer.stderr + answer.stdout)}); {SETTINGS_HINT}"
+            reason = sbatch_reason(answer.stderr + answer.stdout)
+            return f"sbatch --test-only refuses this sweep's jobs ({reason}); {SETTINGS_HINT}"
         return None
