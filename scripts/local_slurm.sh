@@ -26,6 +26,7 @@ PARTITION=local
 DAEMONS=(slurmd slurmctld munged)   # the order `stop` ends them in
 PACKAGES=(slurmctld slurmd slurm-client munge)
 export SLURM_CONF="$CONF"
+export PATH="$PATH:/usr/sbin:/sbin"  # the daemons, where a login shell leaves them out
 
 fail() {  # status, then the message: one line on stderr
     local status=$1
