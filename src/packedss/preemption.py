@@ -11,12 +11,24 @@ file is safe; without one the job raises `Preempted`."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 
 from packedss.errors import Stopped, raise_stopped
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT)
+
+
+def slurm_attempt() -> dict | None:
+    """Which SLURM run of a job this process is, for the records it writes: the job's id as squeue
+    shows it (`<array job>_<task>` for a task of a sweep's array) and SLURM_RESTART_COUNT (0 for
+    the first run, one more at each requeue, preemption or time limit). None outside SLURM."""
+    if "SLURM_JOB_ID" not in os.environ:
+        return None
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    job_id = f"{array}_{task}" if array and task else os.environ["SLURM_JOB_ID"]
+    return {"job_id": job_id, "restart_count": int(os.environ.get("SLURM_RESTART_COUNT") or 0)}
 
 
 class Preempted(Stopped):

@@ -19,6 +19,7 @@ from pathlib import Path
 from packedss.errors import PackedSSError
 from packedss.families import FAMILIES
 from packedss.job import IDENTITY_FIELDS as JOB_IDENTITY_FIELDS
+from packedss.preemption import slurm_attempt
 
 # The job's identity (packedss.job), how it was run, and which response of the job a record is.
 IDENTITY_FIELDS = JOB_IDENTITY_FIELDS + ("config_hash", "code_version", "versions", "question_id", "sample", "repeat")
@@ -160,10 +161,13 @@ def repair_torn_tail(path: str | Path) -> int:
 
 
 class RecordWriter:
-    """Appends records to one file under an exclusive lock (a second job on the same file fails)."""
+    """Appends records to one file under an exclusive lock (a second job on the same file fails).
+    Under SLURM each record also gets a `slurm` field: the job and the run of it (restart count)
+    that wrote it, so that a requeued job's records say which part ran in which attempt."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+        self.attempt = slurm_attempt()
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self._created = not self.path.exists()  # removed again on close if it stays empty
@@ -194,7 +198,7 @@ class RecordWriter:
         """Append one whole record; when a write fails (a full disk) the partial line is cut off."""
         fd = self._handle.fileno()
         end = os.fstat(fd).st_size
-        data = memoryview(encode_record(record))
+        data = memoryview(encode_record(record if self.attempt is None else {**record, "slurm": self.attempt}))
         try:
             while data:  # unbuffered: nothing of a failed write is left to be flushed later
                 data = data[os.write(fd, data) :]

@@ -2,7 +2,9 @@
 grids (`hydra.sweeper.grids`, see packedss.sweep), which
 
 - composes and checks every job before the first one starts: when any is invalid, one message
-  lists them all, nothing runs, and the exit status is 2;
+  lists them all, nothing runs, and the exit status is 2; a launcher with `submission_problem`
+  (SLURM's: `sbatch --test-only`) is asked whether the cluster takes the jobs, and its answer
+  is one error line before anything is submitted;
 - runs every job even when some fail at run time (a data error, an out-of-memory, a model that
   cannot load), then lists the failed jobs with their error and the command to rerun each, and
   exits with status 1.
@@ -58,6 +60,12 @@ class PackedSSSweeper(BasicSweeper):
         if message is not None:
             print(f"error: {message}", file=sys.stderr)
             raise SystemExit(2)
+        submission_problem = getattr(self.launcher, "submission_problem", None)  # the SLURM launcher's
+        if submission_problem is not None:
+            problem = submission_problem(min(len(jobs), self.max_batch_size or len(jobs)))
+            if problem is not None:
+                print(f"error: {problem}", file=sys.stderr)
+                raise SystemExit(2)
         print(f"{len(jobs)} jobs checked in {time.perf_counter() - tic:.1f} s", file=sys.stderr)
 
         sweep_dir = Path(self.config.hydra.sweep.dir)
