@@ -8,6 +8,7 @@ its own config or settings would decode without it."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -15,29 +16,43 @@ from hydra import compose, initialize_config_dir
 from packedss.benchmark import schedules
 from packedss.config import register_configs
 from packedss.job import job_spec
-from packedss.paths import CONF_DIR
+from packedss.paths import CONF_DIR, PROJECT_ROOT
 from packedss.records import read_records
 from packedss import runner
 
 QUESTIONS = 2  # timed by the benchmark after its one warm-up question; the runner's 2nd and 3rd
 WIDTH = 3
+CONTEXT = 64  # positions of the short-context checkpoint
 
 
-def _runner_records(tmp_path) -> dict[str, dict]:
+@pytest.fixture(scope="module")
+def short_context(tmp_path_factory):
+    """The shipped tiny checkpoint with a context of CONTEXT positions (its other files linked)."""
+    tiny, directory = PROJECT_ROOT / "assets" / "models" / "tiny", tmp_path_factory.mktemp("short-context")
+    for path in tiny.iterdir():
+        if path.name != "config.json":
+            (directory / path.name).symlink_to(path)
+    config = json.loads((tiny / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps(config | {"max_position_embeddings": CONTEXT}))
+    return directory
+
+
+def _runner_records(tmp_path, max_new_tokens: int = 16, model_path=None) -> dict[str, dict]:
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = compose(config_name="config", overrides=[
-            "model=tiny", "schedule=packed", f"width={WIDTH}", f"limit={1 + QUESTIONS}", "max_new_tokens=16",
-            "device=cpu", "dtype=float32", "progress=false", f"out_dir={tmp_path / 'records'}"])  # fmt: skip
+            "model=tiny", "schedule=packed", f"width={WIDTH}", f"limit={1 + QUESTIONS}", f"max_new_tokens={max_new_tokens}",
+            "device=cpu", "dtype=float32", "progress=false", f"out_dir={tmp_path / 'records'}",
+            *([f"model.path={model_path}"] if model_path else [])])  # fmt: skip
     records, bad = read_records(runner.run_job(cfg).path)
     assert bad == [] and len(records) == 1 + QUESTIONS
     return {r["question_id"]: r for r in records}
 
 
-def _bench_rows() -> dict[str, dict]:
-    settings = schedules.BenchSettings(model="tiny", task="arith", limit=QUESTIONS, warmup=1, schedules=["packed"],
-                                       widths=[WIDTH], max_new_tokens=16, device="cpu", dtype="float32", grade=False,
-                                       n_resamples=50, stream_mib=1)  # fmt: skip
+def _bench_rows(max_new_tokens: int = 16, model: str = "tiny") -> dict[str, dict]:
+    settings = schedules.BenchSettings(model=model, task="arith", limit=QUESTIONS, warmup=1, schedules=["packed"],
+                                       widths=[WIDTH], max_new_tokens=max_new_tokens, device="cpu", dtype="float32",
+                                       grade=False, n_resamples=50, stream_mib=1)  # fmt: skip
     rows = schedules.run(settings).rows
     assert len(rows) == QUESTIONS
     return {r["question_id"]: r for r in rows}
@@ -115,3 +130,35 @@ def test_a_bad_setting_is_refused_by_job_spec_before_anything_loads(entry, tmp_p
         else:
             schedules.run(schedules.BenchSettings(cost_shape="test", cost_dtype="int8", device="cpu"))
     assert not (tmp_path / "out").exists()
+
+
+def test_the_threads_the_spec_resolves_are_the_ones_the_job_runs_with(tmp_path):
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:  # threads=0 on a CPU: one intra-op thread, set before the job decodes and kept in its identity
+        records = _runner_records(tmp_path)
+        assert {r["threads"] for r in records.values()} == {1} and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_prompts_longer_than_the_context_leaves_are_cut_alike_by_the_runner_and_the_benchmark(short_context, tmp_path):
+    records = _runner_records(tmp_path, max_new_tokens=24, model_path=short_context)
+    rows = _bench_rows(max_new_tokens=24, model=str(short_context))
+    budget = CONTEXT - 24 - 2 * (WIDTH + 1)  # packed's largest call: 2B rows
+    assert {r["prompt_tokens"] for r in records.values()} == {budget}
+    assert all(r["prompt_truncated_tokens"] > 0 for r in records.values())
+    _same_decodes(records, rows)
+
+
+def test_an_output_cap_that_leaves_no_room_for_a_prompt_is_refused_by_both(short_context, tmp_path):
+    from packedss.errors import PackedSSError
+
+    no_room = CONTEXT - 2 * (WIDTH + 1)
+    with pytest.raises(PackedSSError, match=f"max_new_tokens={no_room} and the packed calls at width {WIDTH} leave no room"):
+        _runner_records(tmp_path, max_new_tokens=no_room, model_path=short_context)
+    assert not (tmp_path / "records").exists()
+    with pytest.raises(PackedSSError, match="leave no room for a prompt"):
+        _bench_rows(max_new_tokens=no_room, model=str(short_context))

@@ -151,7 +151,6 @@ def job_spec(cfg) -> ResolvedJob:
 
     from packedss.models import resolve_path, select_checkpoint
     from packedss.models.checkpoint import read_config
-    from packedss.models.cost_twin import cost_spec
 
     validate(cfg)
     check_out_dir(cfg.out_dir)
@@ -161,10 +160,7 @@ def job_spec(cfg) -> ResolvedJob:
     # Small CPU models are dominated by per-op overhead; a second intra-op thread buys little
     # alone and costs up to 100x per op when the cores are shared (OpenMP spin-waits).
     threads = cfg.threads if cfg.threads > 0 else (1 if device.type == "cpu" else torch.get_num_threads())
-    cost = None  # the cost twin (model.cost_*): checked here, before anything loads
-    if cfg.model.cost_shape is not None:
-        cost_device = device if cfg.model.cost_device is None else resolve_device(cfg.model.cost_device)
-        cost = cost_spec(cfg.model.cost_shape, cfg.model.cost_layers, cfg.model.cost_dtype or dtype, cost_device)
+    cost = cost_of(cfg.model, device, dtype)
     model_path = resolve_path(cfg.model, select_checkpoint(cfg.model, cfg.checkpoint_dirs))
     max_block = family.max_block(read_config(model_path, f"model {cfg.model.name}"))
     validate_width(cfg, max_block)
@@ -173,23 +169,24 @@ def job_spec(cfg) -> ResolvedJob:
                            max_block=max_block, cost_model=None if cost is None else cost.label)  # fmt: skip
     options = {"pad_verify": cfg.schedule.pad_verify, "order": identity.order, "native_window": identity.native_window}
     return ResolvedJob(
-        identity=identity,
-        model_config=ModelConfig(**OmegaConf.to_container(cfg.model, resolve=True)),
-        model_path=model_path,
-        max_block=max_block,
-        device=device,
-        cost=cost,
-        task_config=task_config,
-        width=int(cfg.width),
-        sampling_rule=cfg.verify,
+        identity=identity, model_config=ModelConfig(**OmegaConf.to_container(cfg.model, resolve=True)),
+        model_path=model_path, max_block=max_block, device=device, cost=cost, task_config=task_config,
+        width=int(cfg.width), sampling_rule=cfg.verify,
         settings_fields=family.settings_fields(identity.schedule, options, max_block),
-        limit=cfg.limit,
-        samples=int(cfg.samples),
-        repeats=int(cfg.repeats),
-        data_dir=cfg.data_dir,
-        out_dir=str(cfg.out_dir),
-        progress=bool(cfg.progress),
-    )
+        limit=cfg.limit, samples=int(cfg.samples), repeats=int(cfg.repeats), data_dir=cfg.data_dir,
+        out_dir=str(cfg.out_dir), progress=bool(cfg.progress),
+    )  # fmt: skip
+
+
+def cost_of(model_cfg, device, dtype: str):
+    """The cost twin's checked CostSpec (model.cost_*; its device and dtype default to the job's),
+    None without one: checked before anything loads."""
+    from packedss.models.cost_twin import cost_spec
+
+    if model_cfg.cost_shape is None:
+        return None
+    cost_device = device if model_cfg.cost_device is None else resolve_device(model_cfg.cost_device)
+    return cost_spec(model_cfg.cost_shape, model_cfg.cost_layers, model_cfg.cost_dtype or dtype, cost_device)
 
 
 def resolve_device(name: str):

@@ -34,7 +34,7 @@ from packedss.decoding.driver import Response, run_alone
 from packedss.decoding.engine import Request, decode_batched
 from packedss.decoding.verify import question_seed
 from packedss.errors import PackedSSError
-from packedss.job import JobSpec, ResolvedJob, job_spec, task_config_for  # noqa: F401 (task_config_for: the job's own)
+from packedss.job import JobSpec, ResolvedJob, job_spec, task_config_for  # noqa: F401 (task_config_for: re-exported)
 from packedss.models import load_adapter, load_tokenizer
 from packedss.models.checkpoint import resolve_dtype
 from packedss.models.cost_twin import CostTwin, available_bytes, build_cost_model
@@ -116,6 +116,8 @@ class JobResources:
 
 
 class PendingResponse(NamedTuple):
+    """One response the job makes: sample `sample` of a question, timed for the `repeat`-th time."""
+
     question: Question
     sample: int
     repeat: int
@@ -131,6 +133,13 @@ class Tally:
     accepted: int = 0
     iterations: int = 0
 
+    def add(self, out: Decoded) -> None:
+        self.written += 1
+        self.tokens += len(out.tokens)
+        self.wall_s += out.wall_s
+        self.accepted += sum(out.accepted)
+        self.iterations += out.iterations
+
 
 def run_job(cfg) -> JobResult:
     job = job_spec(cfg)
@@ -138,8 +147,7 @@ def run_job(cfg) -> JobResult:
     responses = [PendingResponse(q, k, r) for q in resources.questions for k in range(job.samples)
                  for r in range(job.repeats)]  # fmt: skip
     with SignalGuard() as guard, RecordWriter(job.record_path) as writer:
-        done = writer.done_keys(job.identity.config_hash)
-        pending = [r for r in responses if (r.question.question_id, r.sample, r.repeat) not in done]
+        pending = pending_responses(responses, writer.done_keys(job.identity.config_hash))
         fields = job_fields(job.identity) | warm_up(job, resources, pending)
         started = time.perf_counter()
         tally = write_records(resources, fields, decoded_responses(resources, pending), len(pending), writer, guard)
@@ -225,12 +233,18 @@ def call_model(job: ResolvedJob, weights: Weights, capacity: int):
     return CostTwin(model, static_twin(cost_model, spec.compile, capacity) if static else cost_model, label)
 
 
-def decoded_responses(resources: JobResources, pending: list[PendingResponse]) -> Iterator[tuple[PendingResponse, Decoded]]:
+def pending_responses(responses: list[PendingResponse], done: set[tuple[str, int, int]]) -> list[PendingResponse]:
+    """The job's responses not yet recorded under its config hash (`done`: their keys): a rerun resumes."""
+    return [r for r in responses if (r.question.question_id, r.sample, r.repeat) not in done]
+
+
+def decoded_responses(resources: JobResources, pending: list[PendingResponse]) -> Iterator[tuple[PendingResponse, Decoded]]:  # fmt: skip
     """Each response with its Decoded, as each finishes: one at a time, or C at a time in batched
     calls (packedss.decoding.engine)."""
     if resources.executor is None:
         for response in pending:
-            yield response, run_alone(resources.response(resources.model, response.question.question_id, response.sample))
+            question_id = response.question.question_id
+            yield response, run_alone(resources.response(resources.model, question_id, response.sample))
         return
     requests = [Request(response, partial(resources.response, question_id=response.question.question_id,
                                           sample=response.sample))
@@ -258,7 +272,8 @@ def warm_up(job: ResolvedJob, resources: JobResources, pending: list[PendingResp
 
 def job_fields(spec: JobSpec) -> dict:
     """The fields every record of the job holds: its identity, config hash and code versions."""
-    versions = {"torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version()}
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__,
+                "python": platform.python_version()}  # fmt: skip
     return spec.fields() | {"config_hash": spec.config_hash, "code_version": code_version(), "versions": versions}
 
 
@@ -292,8 +307,7 @@ def write_records(resources: JobResources, fields: dict, decoded: Iterator[tuple
         }
         with guard.critical():
             writer.append(record)
-        tally.written, tally.tokens, tally.wall_s = tally.written + 1, tally.tokens + len(out.tokens), tally.wall_s + out.wall_s
-        tally.accepted, tally.iterations = tally.accepted + sum(out.accepted), tally.iterations + out.iterations
+        tally.add(out)
         bar.update(1)
         bar.set_postfix(tok_s=f"{tally.tokens / max(tally.wall_s, 1e-9):.1f}",
                         accepted=f"{tally.accepted / max(tally.iterations, 1):.2f}")  # fmt: skip

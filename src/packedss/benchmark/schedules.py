@@ -1,5 +1,10 @@
 """Side-by-side benchmark of the schedules on one model and task, in one process.
 
+Each (schedule, W, regime) is a job of the runner: `packedss.job.job_spec` resolves it from the
+run config `python run.py` would compose, and `packedss.runner.job_resources` builds its prompts,
+decode settings, stops and call path over the one set of weights the benchmark loads, so that it
+decodes exactly what the runner would.
+
 After a warm-up (every schedule decodes the first `warmup` questions, untimed, in every regime),
 the schedules run interleaved over the same questions (q1: A B C, q2: A B C, ...; `repeats`
 times each), so that drifts of the machine hit every schedule alike. With `compile` set, every
@@ -32,8 +37,8 @@ question between the decodes: Floor ms/call, and Floor / call (%) the fraction a
 regime and width the measured Packed/Linear throughput ratio is checked against the one predicted
 from the same run's NFE and per-call times (`predict`).
 
-Every run switches reduced-precision reductions off as the runner does
-(packedss.numerics.exact_reductions), so that its match rates compare with the audit's.
+Every run switches reduced-precision reductions off and sets its threads as the runner does
+(packedss.runner.prepare_process), so that its match rates compare with the audit's.
 
 Definitions are the paper's (docs/analysis.md §3): aggregate totals; non-model share = Σ(wall - model) /
 Σwall, where wall is the decoder's inclusive time (prompt included) and model the summed
