@@ -51,7 +51,6 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-
 from packedss.analysis.bootstrap import N_RESAMPLES  # noqa: E402
 from packedss.benchmark.schedules import BenchSettings, markdown, run  # noqa: E402
 from packedss.decoding.trace import TIMINGS  # noqa: E402
