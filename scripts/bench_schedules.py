@@ -51,8 +51,6 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-import torch  # noqa: E402
-
 from packedss.analysis.bootstrap import N_RESAMPLES  # noqa: E402
 from packedss.benchmark.schedules import BenchSettings, markdown, run  # noqa: E402
 from packedss.decoding.trace import TIMINGS  # noqa: E402
@@ -91,7 +89,7 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=number(int, 0), default=1, help="untimed questions decoded by every schedule first")
     ap.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     ap.add_argument("--dtype", default="auto", choices=("auto", *DTYPES), help="auto: float32 on CPU, bfloat16 on CUDA")
-    ap.add_argument("--threads", type=number(int, 0), default=1, help="CPU intra-op threads (0: torch's default)")
+    ap.add_argument("--threads", type=number(int, 0), default=1, help="intra-op threads (0: the runner's default, 1 on CPU)")
     ap.add_argument("--timing", default="sync", choices=TIMINGS,
                     help="CUDA model time: sync after each call, or CUDA events (one sync per iteration)")
     ap.add_argument("--compile", default="none", choices=COMPILE_MODES,
@@ -110,15 +108,14 @@ def main(argv=None) -> int:
     if not Path(args.model).is_dir() and args.model not in MODELS:
         ap.error(f"unknown --model {args.model}{closest(args.model, MODELS)}; valid: {', '.join(MODELS)} or a checkpoint directory")
 
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
     settings = BenchSettings(
         model=args.model, model_path=args.model_path, shape=args.shape, config=args.config, task=args.task,
         data_dir=args.data_dir, limit=args.limit, schedules=args.schedules.split(","),
         widths=args.width,
         quadratic_width=args.quadratic_width, pad_verify=not args.no_pad_verify, order=args.order,
         temperature=args.temperature, verify=args.verify, seed=args.seed, max_new_tokens=args.max_new_tokens,
-        repeats=args.repeats, warmup=args.warmup, device=args.device, dtype=args.dtype, timing=args.timing,
+        repeats=args.repeats, warmup=args.warmup, device=args.device, dtype=args.dtype, threads=args.threads,
+        timing=args.timing,
         compile=args.compile, grade=not args.no_grade, n_resamples=args.n_resamples, replay=args.replay,
         cost_shape=args.cost_shape, cost_layers=args.cost_layers, cost_dtype=args.cost_dtype, stream_mib=args.stream_mib,
     )  # fmt: skip

@@ -1,6 +1,9 @@
-"""A job's identity: every setting that can change a record's content or its timing, built once
-from the composed config (`job_spec`). It alone gives the config hash, the record fields, the
-record file path, the sweep's job key and the analysis's run key (docs/records.md).
+"""A job, resolved once from the composed config (`job_spec`): its identity (JobSpec) and what
+else it needs (ResolvedJob). Nothing after `job_spec` reads the config.
+
+The identity is every setting that can change a record's content or its timing. It alone gives
+the config hash, the record fields, the record file path, the sweep's job key and the analysis's
+run key (docs/records.md).
 
 What only selects which responses are made (limit, samples, repeats) is not identity: a rerun
 with a larger limit or more samples resumes the same file. A setting that a schedule does not
@@ -17,9 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from packedss.config import resolved_order
+from packedss.config import ModelConfig, check_out_dir, resolved_order, validate, validate_width
 from packedss.decoding import GREEDY
-from packedss.families import family_named
+from packedss.errors import PackedSSError
+from packedss.families import Family, family_named
 
 
 @dataclass(frozen=True)
@@ -107,7 +111,107 @@ class JobSpec:
 IDENTITY_FIELDS = tuple(f.name for f in dataclasses.fields(JobSpec))
 
 
-def job_spec(
+@dataclass(frozen=True)
+class ResolvedJob:
+    """Everything one job needs, resolved and checked once (`job_spec`): its identity, where its
+    weights are, and what only selects or places its responses."""
+
+    identity: JobSpec
+    model_config: ModelConfig  # the model's settings as plain values (what the loaders take)
+    model_path: Path  # the checkpoint's local directory
+    max_block: Optional[int]  # the largest block its drafter holds (None: its config.json states none)
+    device: Any  # the torch.device it runs on
+    cost: Any  # the cost twin's checked packedss.models.cost_twin.CostSpec; None: the model's own time
+    task_config: Any  # the TaskConfig (the identity holds its fields)
+    width: int  # the W the decoder's settings carry (the identity's is 0 where the schedule reads none)
+    sampling_rule: str  # the verification rule as configured (the identity says "greedy" at T = 0)
+    settings_fields: dict  # the family's own decode settings (pad_verify, order, native_window)
+    limit: Optional[int]  # the first `limit` questions (None: all)
+    samples: int
+    repeats: int
+    data_dir: Optional[str]  # as configured (the identity holds it resolved)
+    out_dir: str
+    progress: bool
+
+    @property
+    def family(self) -> Family:
+        return family_named(self.identity.family)
+
+    @property
+    def record_path(self) -> Path:
+        return self.identity.record_path(self.out_dir)
+
+
+def job_spec(cfg) -> ResolvedJob:
+    """The job `cfg` describes, validated and resolved on this machine: the device, dtype and
+    threads it runs with, the cost twin, the checkpoint and the width its drafter holds. Raises
+    PackedSSError (one message) before anything loads; creates nothing."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from packedss.models import resolve_path, select_checkpoint
+    from packedss.models.checkpoint import read_config
+
+    validate(cfg)
+    check_out_dir(cfg.out_dir)
+    family = family_named(cfg.model.family)
+    device = resolve_device(cfg.device)
+    dtype = resolve_dtype_name(cfg.dtype, device)
+    # Small CPU models are dominated by per-op overhead; a second intra-op thread buys little
+    # alone and costs up to 100x per op when the cores are shared (OpenMP spin-waits).
+    threads = cfg.threads if cfg.threads > 0 else (1 if device.type == "cpu" else torch.get_num_threads())
+    cost = cost_of(cfg.model, device, dtype)
+    model_path = resolve_path(cfg.model, select_checkpoint(cfg.model, cfg.checkpoint_dirs))
+    max_block = family.max_block(read_config(model_path, f"model {cfg.model.name}"))
+    validate_width(cfg, max_block)
+    task_config = task_config_for(cfg)
+    identity = identity_of(cfg, task_config, device=device_name(device), dtype=dtype, threads=threads,
+                           max_block=max_block, cost_model=None if cost is None else cost.label)  # fmt: skip
+    options = {"pad_verify": cfg.schedule.pad_verify, "order": identity.order, "native_window": identity.native_window}
+    return ResolvedJob(
+        identity=identity, model_config=ModelConfig(**OmegaConf.to_container(cfg.model, resolve=True)),
+        model_path=model_path, max_block=max_block, device=device, cost=cost, task_config=task_config,
+        width=int(cfg.width), sampling_rule=cfg.verify,
+        settings_fields=family.settings_fields(identity.schedule, options, max_block),
+        limit=cfg.limit, samples=int(cfg.samples), repeats=int(cfg.repeats), data_dir=cfg.data_dir,
+        out_dir=str(cfg.out_dir), progress=bool(cfg.progress),
+    )  # fmt: skip
+
+
+def cost_of(model_cfg, device, dtype: str):
+    """The cost twin's checked CostSpec (model.cost_*; its device and dtype default to the job's),
+    None without one: checked before anything loads."""
+    from packedss.models.cost_twin import cost_spec
+
+    if model_cfg.cost_shape is None:
+        return None
+    cost_device = device if model_cfg.cost_device is None else resolve_device(model_cfg.cost_device)
+    return cost_spec(model_cfg.cost_shape, model_cfg.cost_layers, model_cfg.cost_dtype or dtype, cost_device)
+
+
+def resolve_device(name: str):
+    """The torch.device of a device setting (auto: CUDA when there is one)."""
+    import torch
+
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise PackedSSError("device=cuda but no CUDA device is available; use device=cpu or device=auto")
+    return torch.device(name)
+
+
+def device_name(device) -> str:
+    """"cpu", or the CUDA device's name: runs on different GPUs are different jobs."""
+    import torch
+
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def resolve_dtype_name(name: str, device) -> str:
+    return name if name != "auto" else ("bfloat16" if device.type == "cuda" else "float32")
+
+
+def identity_of(
     cfg,
     task_config,
     *,
@@ -117,7 +221,7 @@ def job_spec(
     max_block: Optional[int],
     cost_model: Optional[str] = None,
 ) -> JobSpec:
-    """The identity of the job `cfg` describes. `task_config` is its TaskConfig (the model's chat
+    """The identity of the job `cfg` describes (`cfg` validated). `task_config` is its TaskConfig (the model's chat
     prompt applied); device, dtype and threads as resolved on the machine that runs the job (the
     sweep, which keys jobs before any runs, passes the configured values); `max_block`: the
     largest block of the checkpoint's drafter (None when its config.json is not at hand), which
@@ -165,7 +269,6 @@ def job_spec(
     )
 
 
-
 def task_config_for(cfg):
     """The job's task config: the task's own, with the model's chat prompt for this task (the
     released evaluation's wording) when the model lists one."""
@@ -184,5 +287,5 @@ def configured_spec(cfg, max_block: Optional[int] = None) -> JobSpec:
     cost = None
     if model.cost_shape is not None:  # as configured: the layer count, dtype and device not resolved
         cost = f"{model.cost_shape}:{model.cost_layers or 'all'}L:{model.cost_dtype or cfg.dtype}:{model.cost_device or cfg.device}"
-    return job_spec(cfg, task_config_for(cfg), device=cfg.device, dtype=cfg.dtype, threads=cfg.threads,
+    return identity_of(cfg, task_config_for(cfg), device=cfg.device, dtype=cfg.dtype, threads=cfg.threads,
                     max_block=max_block, cost_model=cost)  # fmt: skip

@@ -1,6 +1,12 @@
-"""One job (its identity: packedss.job.JobSpec): decode the task's questions with the shared core
-(samples x repeats responses each), grade each output, append one record per response. What
-differs between model families comes from the family table.
+"""One job (its identity: packedss.job.JobSpec) as a pipeline:
+
+    config -> job_spec -> job_resources -> pending responses -> decoded responses -> records
+
+`job_spec` checks and resolves the config once; `job_resources` builds what the job decodes with
+from that alone (the side-by-side benchmark, packedss.benchmark.schedules, builds each of its
+jobs with it too); the task's questions are decoded with the shared core (samples x repeats
+responses each), each output graded, one record appended per response. What differs between
+model families comes from the family table.
 
 Everything that can be wrong with the input is checked before the record file is created."""
 
@@ -12,34 +18,33 @@ import platform
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import torch
 import transformers
 from tqdm import tqdm
 
 import packedss
-from packedss.errors import PackedSSError
-from packedss.config import check_out_dir, validate, validate_width
-from packedss.decoding import Sampling
-from packedss.decoding.driver import run_alone
+from packedss.decoding import DecodeSettings, Decoded, Sampling
+from packedss.decoding.driver import Response, run_alone
 from packedss.decoding.engine import Request, decode_batched
 from packedss.decoding.verify import question_seed
-from packedss.families import family_named
-from packedss.job import job_spec, task_config_for
-from packedss.models import load_adapter, load_tokenizer, resolve_path, select_checkpoint
-from packedss.models.checkpoint import read_config
-from packedss.models.executors import batched_executor
+from packedss.errors import PackedSSError
+from packedss.job import JobSpec, ResolvedJob, job_spec, task_config_for  # noqa: F401 (task_config_for: re-exported)
+from packedss.models import load_adapter, load_tokenizer
 from packedss.models.checkpoint import resolve_dtype
-from packedss.models.cost_twin import CostTwin, available_bytes, build_cost_model, cost_spec
-from packedss.models.static import end_warmup, enable_static, static_capacity
+from packedss.models.cost_twin import CostTwin, available_bytes, build_cost_model
+from packedss.models.executors import batched_executor
+from packedss.models.static import end_warmup, static_capacity, static_twin
 from packedss.numerics import exact_reductions
 from packedss.paths import PROJECT_ROOT
 from packedss.preemption import SignalGuard
 from packedss.records import RecordWriter, output_hash
-from packedss.tasks import Task, load_task
+from packedss.tasks import Question, Task, load_task
 from packedss.tasks.prompts import encode_prompt
 from packedss.tasks.stops import make_stop_check, output_text
 
@@ -49,6 +54,286 @@ class JobResult:
     path: Path
     written: int
     skipped: int
+
+
+@dataclass
+class Weights:
+    """The loaded models a job decodes with. A job loads its own (`load_weights`); the benchmark's
+    jobs share one set, each job's static and cost twins made over it."""
+
+    adapter: Any
+    tokenizer: Any
+    cost_models: dict[str, Any] = field(default_factory=dict)  # cost twin label -> its random-weight model
+
+
+class Prompt(NamedTuple):
+    ids: list[int]
+    truncated: int  # tokens cut from its left to fit the context
+
+
+@dataclass
+class JobResources:
+    """What a job decodes with, built from its ResolvedJob alone (`job_resources`)."""
+
+    job: ResolvedJob
+    tokenizer: Any
+    task: Task
+    questions: list[Question]
+    prompts: dict[str, Prompt]  # question id -> its prompt, fitted to the context
+    eos_token_ids: tuple[int, ...]  # the model's EOS and end-of-turn ids
+    stops: list[str]
+    stop_check: Any
+    model: Any  # the CallModel of the job's call path: eager, static (compiled), or a cost twin over either
+    executor: Any  # C > 1: the batched calls' executor (packedss.models.executors); None: one at a time
+    slots: int  # responses decoded together: C, or fewer when the job has fewer
+
+    def settings(self, question_id: str, sample: int) -> DecodeSettings:
+        """One response's decode settings: the job's, with its own seeded generator at T > 0."""
+        job, spec = self.job, self.job.identity
+        generator = None
+        if spec.temperature > 0:
+            generator = torch.Generator(device=job.device).manual_seed(question_seed(spec.seed, question_id, sample))
+        fields = {
+            "schedule": spec.schedule,
+            "width": job.width,
+            "max_new_tokens": spec.max_new_tokens,
+            "eos_token_ids": self.eos_token_ids,
+            "sampling": Sampling(temperature=spec.temperature, rule=job.sampling_rule, generator=generator),
+            "timing": spec.timing,
+        }
+        return job.family.settings_type(**(fields | job.settings_fields))
+
+    def response(self, model, question_id: str, sample: int) -> Response:
+        """One response as a coroutine on `model` (this job's, or a batch slot's)."""
+        settings = self.settings(question_id, sample)
+        return self.job.family.response(model, self.prompts[question_id].ids, settings, self.stop_check)
+
+    def end_warmup(self) -> dict[str, float]:
+        """Close compilation after the untimed warm-up; the compile seconds per call shape."""
+        if self.executor is not None:
+            return self.executor.end_warmup()
+        return self.model.end_warmup() if isinstance(self.model, CostTwin) else end_warmup(self.model)
+
+
+class PendingResponse(NamedTuple):
+    """One response the job makes: sample `sample` of a question, timed for the `repeat`-th time."""
+
+    question: Question
+    sample: int
+    repeat: int
+
+
+@dataclass
+class Tally:
+    """What the records written so far add up to (the progress bar and the throughput summary)."""
+
+    written: int = 0
+    tokens: int = 0
+    wall_s: float = 0.0
+    accepted: int = 0
+    iterations: int = 0
+
+    def add(self, out: Decoded) -> None:
+        self.written += 1
+        self.tokens += len(out.tokens)
+        self.wall_s += out.wall_s
+        self.accepted += sum(out.accepted)
+        self.iterations += out.iterations
+
+
+def run_job(cfg) -> JobResult:
+    job = job_spec(cfg)
+    resources = job_resources(job)
+    responses = [PendingResponse(q, k, r) for q in resources.questions for k in range(job.samples)
+                 for r in range(job.repeats)]  # fmt: skip
+    with SignalGuard() as guard, RecordWriter(job.record_path) as writer:
+        pending = pending_responses(responses, writer.done_keys(job.identity.config_hash))
+        fields = job_fields(job.identity) | warm_up(job, resources, pending)
+        started = time.perf_counter()
+        tally = write_records(resources, fields, decoded_responses(resources, pending), len(pending), writer, guard)
+        if tally.written:
+            write_throughput(job.record_path, job.identity, tally, time.perf_counter() - started)
+    return JobResult(path=job.record_path, written=tally.written, skipped=len(responses) - len(pending))
+
+
+def job_resources(job: ResolvedJob, weights: Weights | None = None) -> JobResources:
+    """What the job decodes with, from its spec alone: its questions and their prompts, the model
+    of its call path (or the batch executor at C > 1), its EOS ids and stops. Loads the job's
+    weights unless `weights` are given (the benchmark's jobs share one set). Every check runs
+    before what it guards is loaded or built."""
+    spec = job.identity
+    prepare_process(job)
+    task = load_task(job.task_config, data_dir=job.data_dir)
+    questions = task.questions(job.limit)
+    tokenizer = load_tokenizer(job.model_config, job.model_path) if weights is None else weights.tokenizer
+    ids = {q.question_id: question_prompt_ids(task, tokenizer, q, spec.chat) for q in questions}
+    largest_call = job.family.schedule(spec.schedule).largest_call_rows(spec.call_width)
+    if weights is None:
+        weights = load_weights(job, tokenizer, max(map(len, ids.values())), largest_call)
+    eos_token_ids = weights.adapter.eos_token_ids + end_of_turn_ids(job.model_config, tokenizer)
+    stops = task.stop_for(spec.chat)
+    prompts = fitted_prompts(spec, weights.adapter, ids, largest_call, tokenizer.bos_token_id)
+    capacity = static_capacity(max(len(p.ids) for p in prompts.values()), spec.max_new_tokens, largest_call)
+    model = call_model(job, weights, capacity)
+    # Slots beyond the job's responses would never be used (the memory check is for C).
+    slots = min(spec.concurrency, len(questions) * job.samples * job.repeats)
+    executor = None
+    if spec.concurrency > 1:
+        executor = batched_executor(model, slots, spec.compile, capacity if spec.compile != "none" else 0)
+    return JobResources(job, tokenizer, task, questions, prompts, eos_token_ids, stops,
+                        make_stop_check(tokenizer, stops), model, executor, slots)  # fmt: skip
+
+
+def prepare_process(job: ResolvedJob) -> None:
+    """The process settings a job runs with: its intra-op threads, and exact reductions (the
+    arithmetic the audit's match rates assume)."""
+    torch.set_num_threads(job.identity.threads)
+    exact_reductions()
+
+
+def load_weights(job: ResolvedJob, tokenizer, longest_prompt: int, largest_call: int) -> Weights:
+    """The job's model from its checkpoint; at C > 1 only after checking that C caches fit."""
+    spec = job.identity
+    if spec.concurrency > 1:
+        check_concurrency_memory(spec, job.family.backbone_config(job.model_path), job.cost, largest_call,
+                                 longest_prompt, job.device)  # fmt: skip
+    return Weights(load_adapter(job.model_config, job.family, job.model_path, job.device, spec.dtype), tokenizer)
+
+
+def fitted_prompts(spec: JobSpec, adapter, ids: dict[str, list[int]], largest_call: int,
+                   bos_token_id) -> dict[str, Prompt]:  # fmt: skip
+    """Each prompt cut from its left to what the model's context leaves beside the output cap and
+    the largest call."""
+    budget = adapter.prompt_budget(spec.max_new_tokens, largest_call)
+    if budget is not None and budget < 1:
+        raise PackedSSError(
+            f"max_new_tokens={spec.max_new_tokens} and the {spec.schedule} calls at width {spec.call_width} leave "
+            f"no room for a prompt in model {spec.model}'s context; lower max_new_tokens or the width"
+        )
+    fitted = {question_id: fit_prompt(prompt, budget, bos_token_id) for question_id, prompt in ids.items()}
+    return {question_id: Prompt(f, len(ids[question_id]) - len(f)) for question_id, f in fitted.items()}
+
+
+def call_model(job: ResolvedJob, weights: Weights, capacity: int):
+    """The CallModel the job's calls run on: the weights' adapter; compiled at C = 1, a static twin
+    over it with caches of `capacity` rows (at C > 1 the batch executor holds the static caches);
+    with a cost model's time when the job has a cost twin."""
+    spec = job.identity
+    static = spec.compile != "none" and spec.concurrency == 1
+    model = static_twin(weights.adapter, spec.compile, capacity) if static else weights.adapter
+    if job.cost is None:
+        return model
+    job.cost.check_context(capacity)  # before the cost model is built
+    label = job.cost.label
+    if label not in weights.cost_models:
+        weights.cost_models[label] = build_cost_model(job.cost, weights.adapter)
+        print(f"cost twin: model time is that of {label} ({job.cost.params / 1e9:.2f}B parameters, random "
+              "weights)", file=sys.stderr)  # fmt: skip
+    cost_model = weights.cost_models[label]
+    return CostTwin(model, static_twin(cost_model, spec.compile, capacity) if static else cost_model, label)
+
+
+def pending_responses(responses: list[PendingResponse], done: set[tuple[str, int, int]]) -> list[PendingResponse]:
+    """The job's responses not yet recorded under its config hash (`done`: their keys): a rerun resumes."""
+    return [r for r in responses if (r.question.question_id, r.sample, r.repeat) not in done]
+
+
+def decoded_responses(resources: JobResources, pending: list[PendingResponse]) -> Iterator[tuple[PendingResponse, Decoded]]:  # fmt: skip
+    """Each response with its Decoded, as each finishes: one at a time, or C at a time in batched
+    calls (packedss.decoding.engine)."""
+    if resources.executor is None:
+        for response in pending:
+            question_id = response.question.question_id
+            yield response, run_alone(resources.response(resources.model, question_id, response.sample))
+        return
+    requests = [Request(response, partial(resources.response, question_id=response.question.question_id,
+                                          sample=response.sample))
+                for response in pending]  # fmt: skip
+    for request, out in decode_batched(resources.executor, requests, resources.slots):
+        yield request.key, out
+
+
+def warm_up(job: ResolvedJob, resources: JobResources, pending: list[PendingResponse]) -> dict:
+    """Untimed, unrecorded decodes before the timed ones (warmup=true): the first response, or the
+    first C at concurrency C (the batched shapes); compiled shapes are fixed from then on, and
+    none compiles while timed. Returns the records' `compile_s` field when any shape compiled."""
+    if not pending or not job.identity.warmup_decode:
+        return {}
+    firsts = list({r.question.question_id: PendingResponse(r.question, 0, 0) for r in pending}.values())
+    for _ in decoded_responses(resources, firsts[: resources.slots]):
+        pass
+    compile_s = resources.end_warmup()
+    if not compile_s:
+        return {}
+    shapes = ", ".join(f"{shape}: {seconds:.1f} s" for shape, seconds in compile_s.items())
+    print(f"compiled {len(compile_s)} call shapes in the warm-up ({shapes})", file=sys.stderr)
+    return {"compile_s": compile_s}
+
+
+def job_fields(spec: JobSpec) -> dict:
+    """The fields every record of the job holds: its identity, config hash and code versions."""
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__,
+                "python": platform.python_version()}  # fmt: skip
+    return spec.fields() | {"config_hash": spec.config_hash, "code_version": code_version(), "versions": versions}
+
+
+def write_records(resources: JobResources, fields: dict, decoded: Iterator[tuple[PendingResponse, Decoded]],
+                  total: int, writer: RecordWriter, guard: SignalGuard) -> Tally:  # fmt: skip
+    """Grade each decoded response and append its record (a signal waits until the record is
+    whole); a progress bar shows tokens/s and acceptance."""
+    spec, tally, grades = resources.job.identity, Tally(), {}
+    bar = tqdm(total=total, desc=f"{spec.model}/{spec.task}/{spec.schedule} W={spec.width}", unit="response",
+               disable=None if resources.job.progress else True, file=sys.stderr)  # fmt: skip
+    for response, out in decoded:
+        text = output_text(resources.tokenizer, out.tokens, resources.stops)
+        key = (response.question.question_id, response.sample)
+        if key not in grades:  # repeats time the same response again: grade it once
+            grades[key] = resources.task.grade(response.question, text).record_fields(resources.task.cfg.grader)
+        prompt = resources.prompts[response.question.question_id]
+        record = {
+            **fields,
+            "sample": response.sample,
+            "repeat": response.repeat,
+            "question_id": response.question.question_id,
+            "prompt_tokens": len(prompt.ids),
+            "prompt_truncated_tokens": prompt.truncated,
+            "output_tokens": len(out.tokens),
+            "output_text": text,
+            "finish_reason": out.finish_reason,
+            "output_hash": output_hash(out.tokens),
+            "output_ids": out.tokens,
+            **out.cost_fields(),
+            **grades[key],
+        }
+        with guard.critical():
+            writer.append(record)
+        tally.add(out)
+        bar.update(1)
+        bar.set_postfix(tok_s=f"{tally.tokens / max(tally.wall_s, 1e-9):.1f}",
+                        accepted=f"{tally.accepted / max(tally.iterations, 1):.2f}")  # fmt: skip
+    bar.close()
+    return tally
+
+
+def write_throughput(path: Path, spec: JobSpec, tally: Tally, elapsed_s: float) -> None:
+    """Append this invocation's system throughput to the job's `<record stem>.throughput.json`:
+    output tokens over the responses' summed wall time (at concurrency C their shares of each
+    batched call add up to the job's time; a cost twin's deciding model is left out), and the
+    host's own elapsed seconds."""
+    summary = path.with_name(path.stem + ".throughput.json")
+    runs = json.loads(summary.read_text()) if summary.exists() else []
+    runs.append({
+        "config_hash": spec.config_hash,
+        "concurrency": spec.concurrency,
+        "responses": tally.written,
+        "output_tokens": tally.tokens,
+        "wall_s": tally.wall_s,
+        "tokens_per_s": tally.tokens / tally.wall_s if tally.wall_s > 0 else None,
+        "elapsed_s": elapsed_s,
+    })  # fmt: skip
+    partial_file = summary.with_name(summary.name + ".tmp")
+    partial_file.write_text(json.dumps(runs, indent=1) + "\n")
+    os.replace(partial_file, summary)
 
 
 def code_version() -> str:
@@ -61,221 +346,6 @@ def code_version() -> str:
     except (OSError, subprocess.SubprocessError):
         sha = "unknown"
     return f"{packedss.__version__}+{sha}"
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise PackedSSError("device=cuda but no CUDA device is available; use device=cpu or device=auto")
-    return torch.device(name)
-
-
-def device_name(device: torch.device) -> str:
-    """"cpu", or the CUDA device's name: runs on different GPUs are different jobs."""
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-
-
-def resolve_dtype_name(name: str, device: torch.device) -> str:
-    if name != "auto":
-        return name
-    return "bfloat16" if device.type == "cuda" else "float32"
-
-
-def run_job(cfg) -> JobResult:
-    validate(cfg)
-    check_out_dir(cfg.out_dir)
-    exact_reductions()
-    family = family_named(cfg.model.family)
-    device = resolve_device(cfg.device)
-    if cfg.threads > 0 or device.type == "cpu":
-        # Small CPU models are dominated by per-op overhead; a second intra-op thread buys little
-        # alone and costs up to 100x per op when the cores are shared (OpenMP spin-waits).
-        torch.set_num_threads(cfg.threads if cfg.threads > 0 else 1)
-    dtype = resolve_dtype_name(cfg.dtype, device)
-    cost = None  # the cost twin (model.cost_*): checked here, before anything loads
-    if cfg.model.cost_shape is not None:
-        cost_device = device if cfg.model.cost_device is None else resolve_device(cfg.model.cost_device)
-        cost = cost_spec(cfg.model.cost_shape, cfg.model.cost_layers, cfg.model.cost_dtype or dtype, cost_device)
-    checkpoint = select_checkpoint(cfg.model, cfg.checkpoint_dirs)
-    model_path = resolve_path(cfg.model, checkpoint)
-    max_block = family.max_block(read_config(model_path, f"model {cfg.model.name}"))
-    validate_width(cfg, max_block)
-    task = load_task(task_config_for(cfg), data_dir=cfg.data_dir)
-    spec = job_spec(cfg, task.cfg, device=device_name(device), dtype=dtype, threads=torch.get_num_threads(),
-                    max_block=max_block, cost_model=None if cost is None else cost.label)  # fmt: skip
-    questions = task.questions(cfg.limit)
-    tokenizer = load_tokenizer(cfg.model, model_path)
-    decoder = family.schedule(spec.schedule)
-    largest_call = decoder.largest_call_rows(spec.call_width)
-    if spec.concurrency > 1:  # before any weights load
-        check_concurrency_memory(spec, family.backbone_config(model_path), cost, largest_call,
-                                 max(len(question_prompt_ids(task, tokenizer, q, cfg.model.chat)) for q in questions),
-                                 device)  # fmt: skip
-    model = load_adapter(cfg.model, family, model_path, device, spec.dtype)
-    eos_token_ids = model.eos_token_ids + end_of_turn_ids(cfg.model, tokenizer)
-    greedy = spec.temperature == 0
-    stops = task.stop_for(spec.chat)
-    job_fields = spec.fields() | {
-        "config_hash": spec.config_hash,
-        "code_version": code_version(),
-        "versions": {
-            "torch": torch.__version__,
-            "transformers": transformers.__version__,
-            "python": platform.python_version(),
-        },
-    }
-    settings_fields = family.settings_fields(spec.schedule, {"pad_verify": cfg.schedule.pad_verify, "order": spec.order,
-                                                             "native_window": spec.native_window}, max_block)  # fmt: skip
-
-    def question_response(model, question_id: str, sample: int, ids: list[int]):
-        generator = None
-        if not greedy:
-            generator = torch.Generator(device=device).manual_seed(question_seed(spec.seed, question_id, sample))
-        fields = {
-            "schedule": spec.schedule,
-            "width": cfg.width,  # what the schedule reads of it is in the spec (LTR AR reads none)
-            "max_new_tokens": spec.max_new_tokens,
-            "eos_token_ids": eos_token_ids,
-            "sampling": Sampling(temperature=spec.temperature, rule=cfg.verify, generator=generator),
-            "timing": spec.timing,
-        }
-        return family.response(model, ids, family.settings_type(**(fields | settings_fields)), stop_check)
-
-    budget = model.prompt_budget(spec.max_new_tokens, largest_call)
-    if budget is not None and budget < 1:
-        raise PackedSSError(
-            f"max_new_tokens={spec.max_new_tokens} and the {spec.schedule} calls at width {spec.call_width} leave "
-            f"no room for a prompt in model {spec.model}'s context; lower max_new_tokens or the width"
-        )
-
-    def prompt_ids(question) -> tuple[list[int], int]:
-        """The prompt's ids, and how many tokens were cut from its left to fit the context."""
-        ids = question_prompt_ids(task, tokenizer, question, cfg.model.chat)
-        fitted = fit_prompt(ids, budget, tokenizer.bos_token_id)
-        return fitted, len(ids) - len(fitted)
-
-    if spec.compile != "none" or cost is not None or spec.concurrency > 1:
-        longest_prompt = max(len(prompt_ids(q)[0]) for q in questions)
-        capacity = static_capacity(longest_prompt, spec.max_new_tokens, largest_call)
-    if cost is not None:
-        cost.check_context(capacity)  # before the cost model is built
-        model = CostTwin(model, build_cost_model(cost, model), cost.label)
-        print(f"cost twin: model time is that of {cost.label} ({cost.params / 1e9:.2f}B parameters, random "
-              "weights)", file=sys.stderr)  # fmt: skip
-    executor = None  # concurrency > 1: the batched calls' executor, on the eager or the static path
-    # Slots beyond the job's responses would never be used (the memory check above is for C).
-    slots = min(spec.concurrency, len(questions) * cfg.samples * cfg.repeats)
-    if spec.concurrency > 1:
-        executor = batched_executor(model, slots, spec.compile, capacity if spec.compile != "none" else 0)
-    elif spec.compile != "none":
-        if cost is not None:
-            model.enable_static(spec.compile, capacity)
-        else:
-            enable_static(model, spec.compile, capacity)
-    stop_check = make_stop_check(tokenizer, stops)
-    path = spec.record_path(cfg.out_dir)
-
-    def decoded(pending):
-        """(response, its prompt ids and truncation) with its Decoded, as each finishes: one at a
-        time, or `concurrency` at a time in batched calls (packedss.decoding.engine)."""
-        responses = []
-        for question, sample, repeat in pending:
-            ids, truncated = prompt_ids(question)
-            responses.append((question, sample, repeat, ids, truncated))
-        if executor is None:
-            for response in responses:
-                yield response, run_alone(question_response(model, response[0].question_id, response[1], response[3]))
-            return
-        requests = [Request(response, partial(question_response, question_id=response[0].question_id,
-                                              sample=response[1], ids=response[3]))
-                    for response in responses]  # fmt: skip
-        for request, out in decode_batched(executor, requests, slots):
-            yield request.key, out
-
-    def warm_up(pending) -> dict[str, float]:
-        """Untimed, unrecorded decodes before the timed ones: the first response, or the first C
-        at concurrency C (the batched shapes); compiled shapes are fixed from then on, and none
-        compiles while timed. Returns the compile seconds per shape."""
-        firsts = list({question.question_id: (question, 0, 0) for question, _, _ in pending}.values())
-        for _ in decoded(firsts[:slots]):
-            pass
-        if executor is not None:
-            return executor.end_warmup()
-        return model.end_warmup() if cost is not None else end_warmup(model)
-
-    responses = [(q, k, r) for q in questions for k in range(cfg.samples) for r in range(cfg.repeats)]
-    with SignalGuard() as guard, RecordWriter(path) as writer:
-        done = writer.done_keys(spec.config_hash)
-        pending = [(q, k, r) for q, k, r in responses if (q.question_id, k, r) not in done]
-        if pending and cfg.warmup:
-            compile_s = warm_up(pending)
-            if compile_s:
-                job_fields["compile_s"] = compile_s
-                shapes = ", ".join(f"{shape}: {seconds:.1f} s" for shape, seconds in compile_s.items())
-                print(f"compiled {len(compile_s)} call shapes in the warm-up ({shapes})", file=sys.stderr)
-        written = 0
-        tokens_total = wall_total = 0.0
-        accepted_total = iterations_total = 0
-        bar = tqdm(total=len(pending), desc=f"{spec.model}/{spec.task}/{spec.schedule} W={spec.width}",
-                   unit="response", disable=None if cfg.progress else True, file=sys.stderr)  # fmt: skip
-        grades = {}
-        started = time.perf_counter()
-        for (question, sample, repeat, ids, truncated), out in decoded(pending):
-            text = output_text(tokenizer, out.tokens, stops)
-            key = (question.question_id, sample)
-            if key not in grades:  # repeats time the same response again: grade it once
-                grades[key] = task.grade(question, text).record_fields(task.cfg.grader)
-            record = {
-                **job_fields,
-                "sample": sample,
-                "repeat": repeat,
-                "question_id": question.question_id,
-                "prompt_tokens": len(ids),
-                "prompt_truncated_tokens": truncated,
-                "output_tokens": len(out.tokens),
-                "output_text": text,
-                "finish_reason": out.finish_reason,
-                "output_hash": output_hash(out.tokens),
-                "output_ids": out.tokens,
-                **out.cost_fields(),
-                **grades[key],
-            }
-            with guard.critical():
-                writer.append(record)
-            written += 1
-            tokens_total += len(out.tokens)
-            wall_total += out.wall_s
-            accepted_total += sum(out.accepted)
-            iterations_total += out.iterations
-            bar.update(1)
-            bar.set_postfix(tok_s=f"{tokens_total / max(wall_total, 1e-9):.1f}",
-                            accepted=f"{accepted_total / max(iterations_total, 1):.2f}")  # fmt: skip
-        bar.close()
-        if written:
-            write_throughput(path, spec, written, int(tokens_total), wall_total, time.perf_counter() - started)
-    return JobResult(path=path, written=written, skipped=len(responses) - len(pending))
-
-
-def write_throughput(path: Path, spec, responses: int, output_tokens: int, wall_s: float, elapsed_s: float) -> None:
-    """Append this invocation's system throughput to the job's `<record stem>.throughput.json`:
-    output tokens over the responses' summed wall time (at concurrency C their shares of each
-    batched call add up to the job's time; a cost twin's deciding model is left out), and the
-    host's own elapsed seconds."""
-    summary = path.with_name(path.stem + ".throughput.json")
-    runs = json.loads(summary.read_text()) if summary.exists() else []
-    runs.append({
-        "config_hash": spec.config_hash,
-        "concurrency": spec.concurrency,
-        "responses": responses,
-        "output_tokens": output_tokens,
-        "wall_s": wall_s,
-        "tokens_per_s": output_tokens / wall_s if wall_s > 0 else None,
-        "elapsed_s": elapsed_s,
-    })  # fmt: skip
-    partial_file = summary.with_name(summary.name + ".tmp")
-    partial_file.write_text(json.dumps(runs, indent=1) + "\n")
-    os.replace(partial_file, summary)
 
 
 def kv_bytes_per_row(config, dtype) -> int:
@@ -334,4 +404,3 @@ def fit_prompt(ids: list[int], budget: int | None, bos_token_id: int | None) -> 
     if bos_token_id is not None and ids and ids[0] == bos_token_id:
         return [ids[0], *ids[len(ids) - budget + 1 :]]
     return ids[len(ids) - budget :]
-

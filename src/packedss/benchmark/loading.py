@@ -26,7 +26,7 @@ def compose_run_config(overrides: list[str]):
         return compose(config_name="config", overrides=overrides)
 
 
-def _model_overrides(s: BenchSettings) -> list[str]:
+def model_overrides(s: BenchSettings) -> list[str]:
     if Path(s.model).is_dir():  # a checkpoint directory: read as the tiny model's format and tokenizer
         directory = Path(s.model).resolve()
         return ["model=tiny", f"model.path='{directory}'", f"model.name='{directory.name}'", "model.lora=false"]
@@ -38,7 +38,7 @@ def load(s: BenchSettings, device: torch.device, dtype: str):
     from packedss.models import load_model, resolve_path, select_checkpoint
     from packedss.models.checkpoint import read_config, resolve_dtype
 
-    cfg = compose_run_config(_model_overrides(s) + [f"task={s.task}"])
+    cfg = compose_run_config(model_overrides(s) + [f"task={s.task}"])
     family = family_named(cfg.model.family)
     path = resolve_path(cfg.model, select_checkpoint(cfg.model, cfg.checkpoint_dirs))
     if not (s.shape or s.config):

@@ -1,5 +1,10 @@
 """Side-by-side benchmark of the schedules on one model and task, in one process.
 
+Each (schedule, W, regime) is a job of the runner: `packedss.job.job_spec` resolves it from the
+run config `python run.py` would compose, and `packedss.runner.job_resources` builds its prompts,
+decode settings, stops and call path over the one set of weights the benchmark loads, so that it
+decodes exactly what the runner would.
+
 After a warm-up (every schedule decodes the first `warmup` questions, untimed, in every regime),
 the schedules run interleaved over the same questions (q1: A B C, q2: A B C, ...; `repeats`
 times each), so that drifts of the machine hit every schedule alike. With `compile` set, every
@@ -32,8 +37,8 @@ question between the decodes: Floor ms/call, and Floor / call (%) the fraction a
 regime and width the measured Packed/Linear throughput ratio is checked against the one predicted
 from the same run's NFE and per-call times (`predict`).
 
-Every run switches reduced-precision reductions off as the runner does
-(packedss.numerics.exact_reductions), so that its match rates compare with the audit's.
+Every run switches reduced-precision reductions off and sets its threads as the runner does
+(packedss.runner.prepare_process), so that its match rates compare with the audit's.
 
 Definitions are the paper's (docs/analysis.md §3): aggregate totals; non-model share = Σ(wall - model) /
 Σwall, where wall is the decoder's inclusive time (prompt included) and model the summed
@@ -52,14 +57,15 @@ import torch
 
 from packedss.analysis.bootstrap import N_RESAMPLES, compare
 from packedss.analysis.metrics import SCHEDULE_LABELS
-from packedss.benchmark.loading import load
+from packedss.benchmark.floors import RawRead, Stream, stream_min_bytes
+from packedss.benchmark.loading import compose_run_config, load, model_overrides
 from packedss.benchmark.replay import replay_overhead
-from packedss.decoding import Sampling, question_seed
+from packedss.decoding.driver import run_alone
 from packedss.families import family_named
-from packedss.models.static import end_warmup, static_capacity, static_twin
-from packedss.numerics import exact_reductions
+from packedss.job import ResolvedJob, job_spec
 from packedss.records import output_hash
-from packedss.tasks.stops import make_stop_check, output_text
+from packedss.runner import JobResources, Weights, job_resources, prepare_process
+from packedss.tasks.stops import output_text
 
 EAGER = "eager"
 
@@ -88,6 +94,7 @@ class BenchSettings:
     warmup: int = 1
     device: str = "auto"
     dtype: str = "auto"
+    threads: int = 1  # CPU intra-op threads (0: the runner's default, 1 on CPU)
     timing: str = "sync"
     compile: str = "none"  # a packedss.models.static mode: compiled rows next to the eager ones
     grade: bool = True
@@ -247,163 +254,189 @@ def markdown(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+@dataclass(frozen=True)
+class BenchJob:
+    """One (schedule, W, regime) of the benchmark: a job of the runner over the benchmark's weights."""
+
+    schedule: str
+    width: int  # the W of --width it is grouped under
+    regime: str
+    resources: JobResources
+
+
 def run(s: BenchSettings) -> Report:
     """Decode the questions with every schedule (and regime, and width), interleaved; the summary table."""
-    from packedss.benchmark.floors import RawRead, Stream, stream_min_bytes
-    from packedss.models.cost_twin import CostTwin, build_cost_model, cost_spec
-
-    exact_reductions()  # the runner's arithmetic, so that match rates compare with the audit's
-    device = torch.device("cuda" if s.device == "auto" and torch.cuda.is_available() else
-                          ("cpu" if s.device == "auto" else s.device))  # fmt: skip
-    dtype = ("bfloat16" if device.type == "cuda" else "float32") if s.dtype == "auto" else s.dtype
-    cost = None  # checked before anything loads
-    if s.cost_shape is not None:
-        cost = cost_spec(s.cost_shape, s.cost_layers, s.cost_dtype or dtype, device)
-    cfg, adapter, tokenizer, label = load(s, device, dtype)
-    family = family_named(cfg.model.family)
-    unknown = [x for x in s.schedules if x not in family.schedules]
-    if unknown:
-        raise SystemExit(f"unknown schedules {unknown} for the {family.name} family; valid: {', '.join(family.schedules)}")
-    if cost is not None and family.name != "nemotron":
-        raise SystemExit(f"--cost-shape needs a nemotron-family model; {s.model} is a {family.name} model")
-    from packedss.runner import end_of_turn_ids, question_prompt_ids, task_config_for
-    from packedss.tasks import load_task
-
-    chat = bool(cfg.model.chat)
-    task = load_task(task_config_for(cfg), data_dir=s.data_dir)
-    questions = task.questions(s.warmup + s.limit)
+    specs = bench_specs(s)
+    first = specs[0][2]
+    prepare_process(first)  # the runner's threads and exact reductions, before the weights load
+    _, adapter, tokenizer, label = load(s, first.device, first.identity.dtype)
+    weights = Weights(adapter, tokenizer)
+    jobs = [BenchJob(x, w, regime_of(job.identity), job_resources(job, weights)) for x, w, job in specs]
+    regimes = list(dict.fromkeys(j.regime for j in jobs))
+    questions = jobs[0].resources.questions
     warm, timed = questions[: s.warmup], questions[s.warmup :]
-    if not timed:  # fewer questions than warm-up + limit: warm up on the first, time all of them
-        warm, timed = questions[:1], questions
-    timed = timed[: s.limit]
-    stops = task.stop_for(chat)
-    stop_check = make_stop_check(tokenizer, stops)
-    max_new = s.max_new_tokens or task.max_new_tokens
-    eos = adapter.eos_token_ids + end_of_turn_ids(cfg.model, tokenizer)
-    prompts = {q.question_id: question_prompt_ids(task, tokenizer, q, chat) for q in questions}
-    longest = max(map(len, prompts.values()))
-    jobs = [(x, w) for w in s.widths for x in s.schedules]
-
-    def width_of(schedule: str, width: int) -> int:
-        return (s.quadratic_width or width) if schedule == "quadratic" else width
-
-    compiled = f"compiled:{s.compile}" if s.compile != "none" else None
-    regimes = [EAGER] + ([compiled] if compiled else [])
-    cost_model = cost_regime = None
-    if cost is not None:
-        cost.check_context(max(static_capacity(longest, max_new, family.schedule(x).largest_call_rows(width_of(x, w))) for x, w in jobs))
-        cost_model = build_cost_model(cost, adapter)
-        cost_regime = f"cost:{cost.label}"
-        regimes += [cost_regime] + ([f"{cost_regime} {compiled}"] if compiled else [])
+    cost = next((j.resources.job.cost for j in jobs if j.resources.job.cost is not None), None)
     # The model each regime's time comes from (its floor is measured on it).
-    timing_of = {r: (cost_regime if r.startswith("cost:") else label) for r in regimes}
-    models = {}
-    for x, w in jobs:
-        models[(EAGER, x, w)] = adapter
-        capacity = static_capacity(longest, max_new, family.schedule(x).largest_call_rows(width_of(x, w)))
-        if compiled:  # one static twin per (schedule, W): its cache fits that job's largest call
-            models[(compiled, x, w)] = static_twin(adapter, s.compile, capacity)
-        if cost is not None:
-            models[(cost_regime, x, w)] = CostTwin(adapter, cost_model, cost.label)
-            if compiled:
-                models[(f"{cost_regime} {compiled}", x, w)] = CostTwin(static_twin(adapter, s.compile, capacity),
-                                                       static_twin(cost_model, s.compile, capacity), cost.label)  # fmt: skip
-    stream_bytes = stream_min_bytes() if s.stream_mib is None else s.stream_mib * 2**20
-    floor_timers = {label: Stream(adapter, stream_bytes)}
-    if cost_model is not None:
-        floor_timers[cost_regime] = Stream(cost_model, stream_bytes)
-    raw = RawRead(cost_model or adapter, stream_bytes)
-    floor_times = {name: [] for name in floor_timers}
-    raw_times = []
-    options = {"pad_verify": s.pad_verify, "order": s.order}
-
-    def settings_for(schedule: str, width: int, question):
-        generator = None
-        if s.temperature > 0:
-            generator = torch.Generator(device=device).manual_seed(question_seed(s.seed, question.question_id, 0))
-        fields = {"schedule": schedule, "width": width_of(schedule, width), "max_new_tokens": max_new,
-                  "eos_token_ids": eos, "sampling": Sampling(s.temperature, s.verify, generator), "timing": s.timing}  # fmt: skip
-        return family.settings_type(**(fields | family.settings_fields(schedule, options, adapter.block_size)))
-
-    def decode(regime: str, schedule: str, width: int, question):
-        model = models[(regime, schedule, width)]
-        before = dict(model.static.calls) if model.static is not None else None
-        out = family.decode(model, prompts[question.question_id], settings_for(schedule, width, question), stop_check)
-        counts = {k: model.static.calls[k] - before[k] for k in before} if before else {}
-        return out, counts
-
+    timing_of = {j.regime: label if j.resources.job.cost is None else f"cost:{cost.label}" for j in jobs}
+    models = {label: adapter} | {f"cost:{name}": model for name, model in weights.cost_models.items()}
+    timers = FloorTimers.of(models, stream_min_bytes() if s.stream_mib is None else s.stream_mib * 2**20)
     started = time.perf_counter()
-    for question in warm:
-        for schedule, width in jobs:
-            for regime in regimes:
-                decode(regime, schedule, width, question)
-    compile_s = {}
-    for (regime, schedule, width), model in models.items():
-        closed = model.end_warmup() if isinstance(model, CostTwin) else end_warmup(model)
-        for shape, seconds in closed.items():
-            compile_s.setdefault(regime, {})[f"{schedule} W={width} {shape}"] = seconds
-    rows = []
-    for question in timed:
-        for name, timer in floor_timers.items():  # the floors, between the questions' decodes
-            floor_times[name].append(timer.one(None))
-        raw_times.append(raw.one(None))
-        outs = {(x, w, r): [] for x, w in jobs for r in regimes}
-        for _ in range(s.repeats):
-            for schedule, width in jobs:
-                for regime in regimes:
-                    outs[(schedule, width, regime)].append(decode(regime, schedule, width, question))
-        for (schedule, width, regime), decoded in outs.items():
-            first = decoded[0][0]
-            counted, replayed, skips = graph_replays(first.extra, first.nfe_total)
-            text = output_text(tokenizer, first.tokens, stops)
-            correct = task.grade(question, text).correct if s.grade else None
-            rows.append({
-                "schedule": schedule, "regime": regime, "width": width_of(schedule, width),
-                "question_id": question.question_id, "sample": 0, "seed": s.seed,
-                "output_tokens": len(first.tokens), "output_hash": output_hash(first.tokens),
-                "nfe_total": first.nfe_total, "iterations": first.iterations,
-                "wall_s": float(np.mean([d.wall_s for d, _ in decoded])),
-                "model_s": float(np.mean([d.model_s for d, _ in decoded])),
-                "prefill_s": float(np.mean([d.call_model_s[0] for d, _ in decoded])),
-                "call_rows": list(first.rows_evaluated),
-                "call_s": [float(v) for v in np.mean([d.call_model_s for d, _ in decoded], axis=0)],
-                "compiled_calls": decoded[0][1].get("compiled", 0) + decoded[0][1].get("padded", 0),
-                "eager_calls": decoded[0][1].get("eager", 0),
-                "counted_calls": counted, "replay_calls": replayed, "graph_skips": skips,
-                "correct_f": math.nan if correct is None else float(correct),
-            })  # fmt: skip
-    frame = pd.DataFrame(rows)
-    raw_gbs = raw.gbs(float(np.median(raw.seconds(raw_times))))
-    floors = {}
-    for name, timer in floor_timers.items():
-        gbs = timer.gbs(float(np.median(timer.seconds(floor_times[name]))))
-        floors[name] = {"floor_ms": 1000 * timer.weight_bytes / (gbs * 1e9), "stream_gbs": gbs, "raw_gbs": raw_gbs,
-                        "weight_bytes": timer.weight_bytes, "stream_bytes": timer.bytes}  # fmt: skip
+    compile_s = warm_up(jobs, warm)
+    rows = [row for question in timed for row in question_rows(s, jobs, question, timers)]
+    frame, floors = pd.DataFrame(rows), timers.summary()
     reference = "ar" if "ar" in s.schedules else s.schedules[0]
     table = summarize(frame, reference, "linear", s.n_resamples, floors, timing_of)
-    checks = []
-    if {"linear", "packed"} <= set(s.schedules):
-        for regime in regimes:
-            for width in s.widths:
-                row = table[(table["Regime"] == regime) & (table["W"] == width) & (table["Schedule"] == "Packed-SS")]
-                predicted = predict(frame, regime, width)
-                measured = float(row["_ratio"].iloc[0])
-                checks.append({"regime": regime, "width": width, "measured": measured, "low": float(row["_low"].iloc[0]),
-                               "high": float(row["_high"].iloc[0]), "predicted": predicted,
-                               "within": bool(abs(measured / predicted - 1) <= PREDICTION_TOLERANCE)})  # fmt: skip
+    checks = packed_linear_checks(s, frame, table, regimes) if {"linear", "packed"} <= set(s.schedules) else []
     if s.replay:
-        table["Decoder us/iter"] = [
-            replay_overhead(family.decode, models[(regime, schedule, width)],
-                            [(prompts[q.question_id], settings_for(schedule, width, q), stop_check) for q in timed])
-            for schedule, regime, width in frame[["schedule", "regime", "width"]].drop_duplicates().itertuples(index=False)
-        ]  # fmt: skip
-    elapsed = time.perf_counter() - started
-    device_name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+        by_row = {(j.schedule, j.regime, j.resources.job.width): j for j in jobs}  # the table's rows, in order
+        table["Decoder us/iter"] = [replay_of(job, timed) for job in by_row.values()]
+    spec = first.identity
     header = (f"bench_schedules: model={label} task={s.task} questions={len(timed)} (+{len(warm)} warm-up) "
-              f"repeats={s.repeats} T={s.temperature} max_new_tokens={max_new} device={device_name} dtype={dtype} "
-              f"threads={torch.get_num_threads()} pad_verify={s.pad_verify} widths={','.join(map(str, s.widths))} "
+              f"repeats={s.repeats} T={spec.temperature} max_new_tokens={spec.max_new_tokens} device={spec.device} "
+              f"dtype={spec.dtype} threads={spec.threads} pad_verify={s.pad_verify} widths={','.join(map(str, s.widths))} "
               f"interleaved={','.join(s.schedules)} regimes={','.join(regimes)} match reference={reference} "
-              f"elapsed={elapsed:.0f}s torch={torch.__version__} date={time.strftime('%Y-%m-%d')}")  # fmt: skip
+              f"elapsed={time.perf_counter() - started:.0f}s torch={torch.__version__} date={time.strftime('%Y-%m-%d')}")  # fmt: skip
     if cost is not None:
         header += f" cost twin={cost.label} ({cost.params / 1e9:.2f}B parameters, random weights)"
     return Report(header, table, rows, compile_s, floors, checks, None if cost is None else cost.label)
+
+
+def bench_specs(s: BenchSettings) -> list[tuple[str, int, ResolvedJob]]:
+    """(schedule, W, job) of every schedule and width of the settings in every regime: each the
+    runner's job of the run config `python run.py` would compose for it, checked and resolved
+    (packedss.job.job_spec) before anything loads. A job holds the warm-up and the timed questions."""
+    base = model_overrides(s) + [f"task={s.task}"]
+    family = family_named(compose_run_config(base).model.family)
+    unknown = [x for x in s.schedules if x not in family.schedules]
+    if unknown:
+        raise SystemExit(f"unknown schedules {unknown} for the {family.name} family; valid: {', '.join(family.schedules)}")
+    common = base + [f"limit={s.warmup + s.limit}", f"schedule.pad_verify={s.pad_verify}", f"temperature={s.temperature}",
+                     f"verify={s.verify}", f"seed={s.seed}", f"device={s.device}", f"dtype={s.dtype}",
+                     f"timing={s.timing}", f"threads={s.threads}"]  # fmt: skip
+    common += [f"data_dir='{s.data_dir}'"] if s.data_dir is not None else []
+    common += [f"order={s.order}"] if s.order is not None else []
+    common += [f"max_new_tokens={s.max_new_tokens}"] if s.max_new_tokens is not None else []
+    regimes = [[]] + ([[f"model.compile={s.compile}"]] if s.compile != "none" else [])
+    if s.cost_shape is not None:
+        cost = [f"model.cost_shape='{s.cost_shape}'"] + [f"model.{key}={value}" for key, value in
+                (("cost_layers", s.cost_layers), ("cost_dtype", s.cost_dtype)) if value is not None]  # fmt: skip
+        regimes += [cost + regime for regime in regimes]
+    return [(x, w, job_spec(compose_run_config([*common, f"schedule={x}", f"width={width_of(s, x, w)}", *regime])))
+            for w in s.widths for x in s.schedules for regime in regimes]  # fmt: skip
+
+
+def width_of(s: BenchSettings, schedule: str, width: int) -> int:
+    return (s.quadratic_width or width) if schedule == "quadratic" else width
+
+
+def regime_of(spec) -> str:
+    """A job's regime: the model's own eager calls or compiled ones, either timed on a cost twin."""
+    parts = [f"cost:{spec.cost_model}"] if spec.cost_model else []
+    parts += [f"compiled:{spec.compile}"] if spec.compile != "none" else []
+    return " ".join(parts) or EAGER
+
+
+def warm_up(jobs: list[BenchJob], warm: list) -> dict[str, dict[str, float]]:
+    """Every job decodes the warm-up questions, untimed; then compilation closes. The compile
+    seconds per regime and call shape."""
+    for question in warm:
+        for job in jobs:
+            decode(job, question)
+    compile_s = {}
+    for job in jobs:
+        for shape, seconds in job.resources.end_warmup().items():
+            compile_s.setdefault(job.regime, {})[f"{job.schedule} W={job.width} {shape}"] = seconds
+    return compile_s
+
+
+def decode(job: BenchJob, question):
+    """The job's decode of `question`, with the static path's call counts of it ({}: eager)."""
+    model = job.resources.model
+    before = dict(model.static.calls) if model.static is not None else None
+    out = run_alone(job.resources.response(model, question.question_id, 0))
+    counts = {k: model.static.calls[k] - before[k] for k in before} if before else {}
+    return out, counts
+
+
+def question_rows(s: BenchSettings, jobs: list[BenchJob], question, timers: FloorTimers) -> list[dict]:
+    """Every job's row for one timed question: the floors first, then `repeats` rounds of the
+    jobs' decodes back to back, averaged."""
+    timers.time_once()
+    decoded = [[] for _ in jobs]
+    for _ in range(s.repeats):
+        for job, outs in zip(jobs, decoded):
+            outs.append(decode(job, question))
+    rows = []
+    for job, outs in zip(jobs, decoded):
+        first, counts = outs[0]
+        resources = job.resources
+        counted, replayed, skips = graph_replays(first.extra, first.nfe_total)
+        text = output_text(resources.tokenizer, first.tokens, resources.stops)
+        correct = resources.task.grade(question, text).correct if s.grade else None
+        rows.append({
+            "schedule": job.schedule, "regime": job.regime, "width": resources.job.width,
+            "question_id": question.question_id, "sample": 0, "seed": resources.job.identity.seed,
+            "output_tokens": len(first.tokens), "output_hash": output_hash(first.tokens),
+            "nfe_total": first.nfe_total, "iterations": first.iterations,
+            "wall_s": float(np.mean([d.wall_s for d, _ in outs])),
+            "model_s": float(np.mean([d.model_s for d, _ in outs])),
+            "prefill_s": float(np.mean([d.call_model_s[0] for d, _ in outs])),
+            "call_rows": list(first.rows_evaluated),
+            "call_s": [float(v) for v in np.mean([d.call_model_s for d, _ in outs], axis=0)],
+            "compiled_calls": counts.get("compiled", 0) + counts.get("padded", 0), "eager_calls": counts.get("eager", 0),
+            "counted_calls": counted, "replay_calls": replayed, "graph_skips": skips,
+            "correct_f": math.nan if correct is None else float(correct),
+        })  # fmt: skip
+    return rows
+
+
+def packed_linear_checks(s: BenchSettings, frame: pd.DataFrame, table: pd.DataFrame, regimes: list[str]) -> list[dict]:
+    """Per regime and width: the measured Packed/Linear tokens/s ratio against the predicted one."""
+    checks = []
+    for regime in regimes:
+        for width in s.widths:
+            row = table[(table["Regime"] == regime) & (table["W"] == width) & (table["Schedule"] == "Packed-SS")]
+            predicted, measured = predict(frame, regime, width), float(row["_ratio"].iloc[0])
+            checks.append({"regime": regime, "width": width, "measured": measured, "low": float(row["_low"].iloc[0]),
+                           "high": float(row["_high"].iloc[0]), "predicted": predicted,
+                           "within": bool(abs(measured / predicted - 1) <= PREDICTION_TOLERANCE)})  # fmt: skip
+    return checks
+
+
+def replay_of(job: BenchJob, timed: list) -> float:
+    """The job's decoder time per iteration on a zero-cost replay of its timed decodes."""
+    r = job.resources
+    return replay_overhead(r.job.family.decode, r.model,
+                           [(r.prompts[q.question_id].ids, r.settings(q.question_id, 0), r.stop_check) for q in timed])  # fmt: skip
+
+
+@dataclass
+class FloorTimers:
+    """Each timing model's weight-streaming floor and the raw read (packedss.benchmark.floors),
+    timed once per question between the decodes."""
+
+    streams: dict[str, Stream]
+    raw: RawRead
+    times: dict[str, list] = field(default_factory=dict)
+    raw_times: list = field(default_factory=list)
+
+    @classmethod
+    def of(cls, models: dict, stream_bytes: int) -> FloorTimers:
+        """`models`: timing model label -> its model; the raw read runs on the last (the cost model's device)."""
+        return cls({name: Stream(model, stream_bytes) for name, model in models.items()},
+                   RawRead(list(models.values())[-1], stream_bytes))  # fmt: skip
+
+    def time_once(self) -> None:
+        for name, timer in self.streams.items():
+            self.times.setdefault(name, []).append(timer.one(None))
+        self.raw_times.append(self.raw.one(None))
+
+    def summary(self) -> dict[str, dict]:
+        """Per timing model: floor ms per call, the floor's and the raw read's GB/s, and the bytes."""
+        raw_gbs = self.raw.gbs(float(np.median(self.raw.seconds(self.raw_times))))
+        floors = {}
+        for name, timer in self.streams.items():
+            gbs = timer.gbs(float(np.median(timer.seconds(self.times[name]))))
+            floors[name] = {"floor_ms": 1000 * timer.weight_bytes / (gbs * 1e9), "stream_gbs": gbs, "raw_gbs": raw_gbs,
+                            "weight_bytes": timer.weight_bytes, "stream_bytes": timer.bytes}  # fmt: skip
+        return floors
