@@ -21,7 +21,7 @@ import torch
 
 from packedss.decoding.driver import Proposals, proposals_ahead
 from packedss.decoding.rows import Rows, concatenated, ranges
-from packedss.decoding.verify import Emitted, first_token, near_tie_threshold, propose, verify
+from packedss.decoding.verify import DecidedMargins, Emitted, first_token, near_tie_threshold, propose, verify
 
 Finish = Callable[[list[int]], list]
 
@@ -71,43 +71,47 @@ class _Greedy:
         return self._top2
 
 
-def _margins(top2: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """(rows, 2) float32: each row's top-2 margin and 1.0 where it is a near-tie (NearTies.read's
-    rule, taken here once for every request's rows; `dtype` is the logits')."""
+def _margins(top2: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's top-2 margin (float32) and 1 where it is a near-tie (long, to be read back with
+    the round's results): NearTies.read's rule, taken here once for every request's rows (`dtype`
+    is the logits')."""
     top2 = top2.float()
     margin = top2[:, 0] - top2[:, 1]
-    return torch.stack([margin, (margin <= near_tie_threshold(top2[:, 0], dtype)).float()], dim=1)
+    return margin, (margin <= near_tie_threshold(top2[:, 0], dtype)).long()
 
 
 _last: list = [None, None]  # [logits, its _Greedy] of the last round whose rows were taken whole
 
 
-def _greedy(rows: Sequence, device: torch.device, margins: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _greedy(rows: Sequence, device: torch.device, margins: bool) -> tuple[torch.Tensor, tuple | None]:
     """The argmax of every row of `rows` (Rows or tensors of logits) and, with `margins`, their
-    near-tie margins (`_margins`, docs/records.md). When they are rows of one round's logits, a
-    quarter of them or more, that round's are taken once for all of its rows (its later steps, e.g.
-    Packed-SS's next draft, reuse them) and the rows asked for are picked out."""
-    source = rows[0].source if type(rows[0]) is Rows else None
+    near-tie margins and flags (`_margins`, docs/records.md). When they are rows of one round's
+    logits, a quarter of them or more, that round's are taken once for all of its rows (its later
+    steps, e.g. Packed-SS's next draft, reuse them) and the rows asked for are picked out."""
+    first = rows[0]
+    source = first.source if type(first) is Rows else None
     if source is not None and all(type(r) is Rows and r.source is source for r in rows):
-        if 4 * sum(len(r) for r in rows) >= len(source):
+        starts, counts = [r.start for r in rows], [r.stop - r.start for r in rows]
+        if 4 * sum(counts) >= source.shape[0]:
             if _last[0] is not source:
                 _last[:] = [source, _Greedy(source)]
             greedy = _last[1]
-            index = ranges([r.start for r in rows], [len(r) for r in rows], device)
-            if not margins:
-                return greedy.tokens.index_select(0, index), None
-            return greedy.tokens.index_select(0, index), _margins(greedy.top2.index_select(0, index), source.dtype)
+            index = ranges(starts, counts, device)
+            tokens = greedy.tokens.index_select(0, index)
+            return tokens, _margins(greedy.top2.index_select(0, index), source.dtype) if margins else None
     greedy = _Greedy(concatenated(rows, device))
     return greedy.tokens, _margins(greedy.top2, greedy.logits.dtype) if margins else None
 
 
 def _first_tokens(args: Sequence[tuple], device: torch.device) -> tuple[torch.Tensor, Finish]:
-    tokens, margins = _greedy([a[0] for a in args], device, margins=True)
+    tokens, (margin, near) = _greedy([a[0] for a in args], device, margins=True)
+    requests = len(args)
 
     def finish(values: list[int]) -> list:
-        return [Emitted([token], Rows(tokens, k, k + 1), Rows(margins, k, k + 1)) for k, token in enumerate(values)]
+        return [Emitted([values[k]], Rows(tokens, k, k + 1), DecidedMargins(Rows(margin, k, k + 1), values[requests + k :][:1]))
+                for k in range(requests)]  # fmt: skip
 
-    return tokens, finish
+    return torch.cat([tokens, near]), finish
 
 
 def _proposals(args: Sequence[tuple], device: torch.device) -> tuple[None, Finish]:
@@ -119,11 +123,12 @@ def _proposals(args: Sequence[tuple], device: torch.device) -> tuple[None, Finis
 
 def _verifications(args: Sequence[tuple], device: torch.device) -> tuple[torch.Tensor, Finish]:
     """Greedy `verify` of each request's m drafts with its m + 1 verifier rows: the accepted prefix h
-    of every request from one comparison over all of their drafts."""
+    of every request from one comparison over all of their drafts. Read back: every h, then every
+    verifier row's token, then its near-tie flag."""
     drafts = [a[1] for a in args]
     counts = [len(d) for d in drafts]
     requests, widest = len(args), max(counts)
-    verified, margins = _greedy([a[0] for a in args], device, margins=True)
+    verified, (margin, near) = _greedy([a[0] for a in args], device, margins=True)
     starts = _offsets([c + 1 for c in counts])
     if widest:
         agree = verified.index_select(0, ranges(starts, counts, device)) == concatenated(drafts, device)
@@ -132,16 +137,17 @@ def _verifications(args: Sequence[tuple], device: torch.device) -> tuple[torch.T
         accepted = grid.view(requests, widest).to(torch.long).cumprod(dim=1).sum(dim=1)
     else:
         accepted = torch.zeros(requests, dtype=torch.long, device=device)
+    flags = requests + verified.shape[0]  # where the flags start among the values read
 
     def finish(values: list[int]) -> list:
         out = []
-        for k, (start, count) in enumerate(zip(starts, counts)):
+        for k, start in enumerate(starts):
             end = start + values[k] + 1  # the h accepted drafts and one more token
-            tokens = values[requests + start : requests + end]
-            out.append(Emitted(tokens, Rows(verified, end - 1, end), Rows(margins, start, start + count + 1)))
+            deciding = DecidedMargins(Rows(margin, start, end), values[flags + start : flags + end])
+            out.append(Emitted(values[requests + start : requests + end], Rows(verified, end - 1, end), deciding))
         return out
 
-    return torch.cat([accepted, verified]), finish
+    return torch.cat([accepted, verified, near]), finish
 
 
 def _proposals_ahead(args: Sequence[tuple], device: torch.device) -> tuple[None, Finish]:

@@ -46,11 +46,17 @@ def ranges(starts: Sequence[int], counts: Sequence[int], device: torch.device) -
     for start, count in zip(starts, counts):
         shifts.append(start - total)
         total += count
-    host = torch.tensor([shifts, counts], dtype=torch.long)
-    if device.type == "cuda":  # from pinned memory, without waiting for the device
+    host = _uploaded([shifts, counts], device)
+    return torch.repeat_interleave(host[0], host[1], output_size=total) + torch.arange(total, device=device)
+
+
+def _uploaded(rows: list[Sequence[int]], device: torch.device) -> torch.Tensor:
+    """Host integers as one long tensor on `device`; on CUDA from pinned memory, without waiting
+    for the device."""
+    host = torch.tensor(rows, dtype=torch.long)
+    if device.type == "cuda":
         host = host.pin_memory()
-    shift, count = host.to(device, non_blocking=True)
-    return torch.repeat_interleave(shift, count, output_size=total) + torch.arange(total, device=device)
+    return host.to(device, non_blocking=True)
 
 
 def concatenated(parts: Sequence, device: torch.device) -> torch.Tensor:
@@ -64,12 +70,12 @@ def concatenated(parts: Sequence, device: torch.device) -> torch.Tensor:
         if type(part) is Rows:
             source, start, stop = part.source, part.start, part.stop
         else:
-            source, start, stop = part, 0, len(part)
+            source, start, stop = part, 0, part.shape[0]
         base = where.get(id(source))
         if base is None:
             base = where[id(source)] = size
             pool.append(source)
-            size += len(source)
+            size += source.shape[0]
         starts.append(base + start)
         counts.append(stop - start)
     pooled = pool[0] if len(pool) == 1 else torch.cat(pool)
@@ -86,3 +92,11 @@ def _in_order(starts: list[int], counts: list[int]) -> bool:
             return False
         end += count
     return True
+
+
+def shifted(positions: torch.Tensor, shifts: Sequence[int], counts: Sequence[int], device: torch.device) -> torch.Tensor:
+    """`positions` (the parts' rows, in order) with shifts[k] added to the counts[k] rows of part k."""
+    if not any(shifts):
+        return positions
+    host = _uploaded([shifts, counts], device)
+    return positions + torch.repeat_interleave(host[0], host[1], output_size=positions.shape[0])

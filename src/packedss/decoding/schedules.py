@@ -34,13 +34,14 @@ from packedss.decoding.verify import first_token, last_token, propose, upload, v
 
 @dataclass(frozen=True)
 class _Shape:
-    """An LTR call shape: its layout, each row's position minus n, and the constant MASK tokens
-    that follow the filled-in rows. Building a call is then one `cat` for the tokens and one add
-    for the positions (Planned.build), or a part of a batched call's."""
+    """An LTR call shape: its layout, each row's position minus n, and the runs of constant MASK
+    tokens among its rows (each run its own tensor, shared by every call of the shape). Building a
+    call is then one `cat` for the tokens and one add for the positions (Planned.build), or a part
+    of a batched call's."""
 
     layout: Layout
     offsets: torch.Tensor
-    masks: torch.Tensor
+    masks: tuple[torch.Tensor, ...]
 
     def call(self, tokens: list, position: int) -> Planned:
         return Planned(self.layout, self.offsets, tokens, position)
@@ -50,15 +51,14 @@ def _mask_tokens(count: int, mask_token_id: int, device: torch.device) -> torch.
     return torch.full((count,), mask_token_id, dtype=torch.long, device=device)
 
 
-def _shape(call: Call, masks: torch.Tensor) -> _Shape:
+def _shape(call: Call, *masks: torch.Tensor) -> _Shape:
     """The shape of a call built at n = 0."""
     return _Shape(layout_of(call), call.positions, masks)
 
 
 @functools.lru_cache(maxsize=256)
 def _causal_shape(rows: int, device: torch.device) -> _Shape:
-    call = pack([causal_segment(torch.zeros(rows, dtype=torch.long, device=device), 0)])
-    return _shape(call, _mask_tokens(0, 0, device))
+    return _shape(pack([causal_segment(torch.zeros(rows, dtype=torch.long, device=device), 0)]))
 
 
 @functools.lru_cache(maxsize=256)
@@ -76,7 +76,7 @@ def _packed_shape(m: int, width: int, mask_token_id: int, pad_verify: bool, devi
         segments.append(pad_segment(padding, mask_token_id, 0, device))
     segments.append(draft_block(torch.zeros(1, dtype=torch.long, device=device), 0, width, mask_token_id))
     # Token rows after the verify segment: padding masks, then the block's anchor and W masks.
-    return _shape(pack(segments), _mask_tokens(padding + width, mask_token_id, device))
+    return _shape(pack(segments), _mask_tokens(padding, mask_token_id, device), _mask_tokens(width, mask_token_id, device))
 
 
 @functools.lru_cache(maxsize=64)
@@ -91,12 +91,12 @@ def _quadratic_shape(block: int, mask_token_id: int, device: torch.device) -> _S
     offsets = torch.cat([torch.arange(block, device=device), 1 + k_of_row + r_of_row])
     roles = torch.full((rows,), int(Role.DRAFT), dtype=torch.uint8, device=device)
     roles[:block] = int(Role.VERIFY)
-    return _Shape(Layout(roles, attend, rows, block * block), offsets, _mask_tokens(block * block, mask_token_id, device))
+    return _Shape(Layout(roles, attend, rows, block * block), offsets, (_mask_tokens(block * block, mask_token_id, device),))
 
 
 def _quadratic_plan(last, drafts, position: int, mask_token_id: int, device: torch.device) -> Planned:
     shape = _quadratic_shape(len(drafts) + 1, mask_token_id, device)
-    return shape.call([last, drafts, shape.masks], position)
+    return shape.call([last, drafts, *shape.masks], position)
 
 
 def quadratic_call(last: torch.Tensor, drafts: torch.Tensor, position: int, mask_token_id: int) -> Call:
@@ -108,8 +108,8 @@ def quadratic_call(last: torch.Tensor, drafts: torch.Tensor, position: int, mask
 def _packed_plan(last, drafts, position: int, width: int, mask_token_id: int, pad_verify: bool,
                  device: torch.device) -> Planned:  # fmt: skip
     shape = _packed_shape(len(drafts), width, mask_token_id, pad_verify, device)
-    pad = len(shape.masks) - width
-    return shape.call([last, drafts, shape.masks[:pad], last, shape.masks[pad:]], position)
+    padding, block = shape.masks
+    return shape.call([last, drafts, padding, last, block], position)
 
 
 def packed_call(
@@ -212,7 +212,7 @@ class _Linear(_LTRDecoder):
 
     def step(self) -> Steps:
         sampling, position = self.settings.sampling, self.position
-        logits = yield self.draft_shape.call([self.last, self.draft_shape.masks], position)
+        logits = yield self.draft_shape.call([self.last, *self.draft_shape.masks], position)
         self.model.commit(0)
         drafts, draft_probs = yield Host(propose, logits[1:], sampling)
         logits = yield self.verify_shape.call([self.last, drafts], position)
