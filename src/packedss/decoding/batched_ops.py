@@ -80,31 +80,48 @@ def _margins(top2: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torc
     return margin, (margin <= near_tie_threshold(top2[:, 0], dtype)).long()
 
 
-_last: list = [None, None]  # [logits, its _Greedy] of the last round whose rows were taken whole
+# [logits, its _Greedy or None] of the last round whose steps asked for its rows: its _Greedy when
+# the first step took its rows whole, None when it took them row by row.
+_last: list = [None, None]
 
 
-def _greedy(rows: Sequence, device: torch.device, margins: bool) -> tuple[torch.Tensor, tuple | None]:
-    """The argmax of every row of `rows` (Rows or tensors of logits) and, with `margins`, their
-    near-tie margins and flags (`_margins`, docs/records.md). When they are rows of one round's
-    logits, a quarter of them or more, that round's are taken once for all of its rows (its later
-    steps, e.g. Packed-SS's next draft, reuse them) and the rows asked for are picked out."""
+def _round_greedy(rows: Sequence) -> _Greedy | None:
+    """The argmax of the whole round when `rows` are rows of one round's logits and the first step
+    to ask for that round's rows asked for a quarter of them or more: taken once, its later steps
+    (e.g. Packed-SS's next draft) reuse it. None otherwise: each step then takes only the rows it
+    asks for (Quadratic-SS reads a tenth of its rows), and no round's rows are taken twice."""
     first = rows[0]
     source = first.source if type(first) is Rows else None
-    if source is not None and all(type(r) is Rows and r.source is source for r in rows):
-        starts, counts = [r.start for r in rows], [r.stop - r.start for r in rows]
-        if 4 * sum(counts) >= source.shape[0]:
-            if _last[0] is not source:
-                _last[:] = [source, _Greedy(source)]
-            greedy = _last[1]
-            index = ranges(starts, counts, device)
-            tokens = greedy.tokens.index_select(0, index)
-            return tokens, _margins(greedy.top2.index_select(0, index), source.dtype) if margins else None
-    greedy = _Greedy(concatenated(rows, device))
-    return greedy.tokens, _margins(greedy.top2, greedy.logits.dtype) if margins else None
+    if source is None or not all(type(r) is Rows and r.source is source for r in rows):
+        return None
+    if _last[0] is not source:
+        whole = 4 * sum(r.stop - r.start for r in rows) >= source.shape[0]
+        _last[:] = [source, _Greedy(source) if whole else None]
+    return _last[1]
+
+
+def _greedy(rows: Sequence, device: torch.device) -> tuple[torch.Tensor, tuple]:
+    """The argmax of every row of `rows` (Rows or tensors of logits), and their near-tie margins
+    and flags (`_margins`, docs/records.md)."""
+    greedy = _round_greedy(rows)
+    if greedy is None:
+        greedy = _Greedy(concatenated(rows, device))
+        return greedy.tokens, _margins(greedy.top2, greedy.logits.dtype)
+    index = ranges([r.start for r in rows], [r.stop - r.start for r in rows], device)
+    return greedy.tokens.index_select(0, index), _margins(greedy.top2.index_select(0, index), greedy.logits.dtype)
+
+
+def _argmaxes(rows: Sequence, device: torch.device) -> tuple[torch.Tensor, list[int]]:
+    """A tensor holding the argmax of every row of `rows` and where each one's run starts in it:
+    the round's own argmax, without a gather, when it was taken whole."""
+    greedy = _round_greedy(rows)
+    if greedy is not None:
+        return greedy.tokens, [r.start for r in rows]
+    return _Greedy(concatenated(rows, device)).tokens, _offsets([len(r) for r in rows])
 
 
 def _first_tokens(args: Sequence[tuple], device: torch.device) -> tuple[torch.Tensor, Finish]:
-    tokens, (margin, near) = _greedy([a[0] for a in args], device, margins=True)
+    tokens, (margin, near) = _greedy([a[0] for a in args], device)
     requests = len(args)
 
     def finish(values: list[int]) -> list:
@@ -116,8 +133,7 @@ def _first_tokens(args: Sequence[tuple], device: torch.device) -> tuple[torch.Te
 
 def _proposals(args: Sequence[tuple], device: torch.device) -> tuple[None, Finish]:
     counts = [len(a[0]) for a in args]
-    tokens, _ = _greedy([a[0] for a in args], device, margins=False)
-    starts = _offsets(counts)
+    tokens, starts = _argmaxes([a[0] for a in args], device)
     return None, lambda values: [(Rows(tokens, s, s + c), None) for s, c in zip(starts, counts)]
 
 
@@ -128,7 +144,7 @@ def _verifications(args: Sequence[tuple], device: torch.device) -> tuple[torch.T
     drafts = [a[1] for a in args]
     counts = [len(d) for d in drafts]
     requests, widest = len(args), max(counts)
-    verified, (margin, near) = _greedy([a[0] for a in args], device, margins=True)
+    verified, (margin, near) = _greedy([a[0] for a in args], device)
     starts = _offsets([c + 1 for c in counts])
     if widest:
         agree = verified.index_select(0, ranges(starts, counts, device)) == concatenated(drafts, device)
@@ -152,8 +168,7 @@ def _verifications(args: Sequence[tuple], device: torch.device) -> tuple[torch.T
 
 def _proposals_ahead(args: Sequence[tuple], device: torch.device) -> tuple[None, Finish]:
     counts = [len(a[0]) for a in args]
-    tokens, _ = _greedy([a[0] for a in args], device, margins=False)
-    starts = _offsets(counts)
+    tokens, starts = _argmaxes([a[0] for a in args], device)
 
     def finish(values: list[int]) -> list:
         out = []

@@ -13,10 +13,9 @@ many responses' coroutines side by side and the same step of every request at on
 
 from __future__ import annotations
 
-import contextlib
 import gc
 from abc import ABC, abstractmethod
-from collections.abc import Container, Generator, Iterator, Sequence
+from collections.abc import Container, Generator, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -222,24 +221,24 @@ def _steps(model: CallModel, decoder: Decoder, prompt_tokens: int) -> Steps:
         model.reset()
 
 
-_frozen = [0]  # decodes in progress that froze the heap (frozen_heap)
+class FrozenHeap:
+    """`with FrozenHeap():` around a decode. While decodes run, Python's cyclic garbage collector
+    leaves alone the objects that existed before the first of them began (gc.freeze: the model,
+    the tokenizer, the libraries' modules, half a million objects on tiny). A full collection then
+    walks only what the decodes made, in well under a millisecond, instead of the whole heap (a
+    pause of a few hundred milliseconds, which fell inside one round). The heap is unfrozen when
+    the last decode ends."""
 
+    running = 0  # decodes in progress
 
-@contextlib.contextmanager
-def frozen_heap() -> Iterator[None]:
-    """While decodes run, Python's cyclic garbage collector leaves alone the objects that existed
-    before the first of them began (gc.freeze: the model, the tokenizer, the libraries' modules,
-    half a million objects on tiny). A full collection then walks only what the decodes made, in
-    well under a millisecond, instead of the whole heap (a pause of a few hundred milliseconds,
-    which fell inside one round). The heap is unfrozen when the last decode ends."""
-    if not _frozen[0]:
-        gc.freeze()
-    _frozen[0] += 1
-    try:
-        yield
-    finally:
-        _frozen[0] -= 1
-        if not _frozen[0]:
+    def __enter__(self) -> None:
+        if not FrozenHeap.running:
+            gc.freeze()
+        FrozenHeap.running += 1
+
+    def __exit__(self, *exception) -> None:
+        FrozenHeap.running -= 1
+        if not FrozenHeap.running:
             gc.unfreeze()
 
 
@@ -249,7 +248,7 @@ def run_alone(response: Response) -> Decoded:
     steps, meter = response.steps, response.meter
     result = None
     try:
-        with frozen_heap():
+        with FrozenHeap():
             while True:
                 op = steps.send(result)
                 if type(op) is Host:

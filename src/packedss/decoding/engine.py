@@ -33,7 +33,7 @@ import torch
 
 from packedss.decoding.batched_ops import batched_form
 from packedss.decoding.calls import Call, Layout, Planned
-from packedss.decoding.driver import Host, Response, frozen_heap
+from packedss.decoding.driver import FrozenHeap, Host, Response
 from packedss.decoding.rows import Rows, concatenated, materialized, shifted
 from packedss.decoding.trace import Decoded
 
@@ -251,7 +251,7 @@ def decode_batched(executor: BatchExecutor, requests: Iterable[Request], concurr
     queue = iter(requests)
     slots: list[_Slot | None] = [None] * concurrency
     try:
-        with frozen_heap():
+        with FrozenHeap():
             for index in range(concurrency):
                 request = next(queue, None)
                 slots[index] = None if request is None else engine.start(index, request)

@@ -46,6 +46,11 @@ def ranges(starts: Sequence[int], counts: Sequence[int], device: torch.device) -
     for start, count in zip(starts, counts):
         shifts.append(start - total)
         total += count
+    return _gathered(shifts, counts, total, device)
+
+
+def _gathered(shifts: list[int], counts: list[int], total: int, device: torch.device) -> torch.Tensor:
+    """The indices of `ranges`, from each run's start less the rows before it (`shifts`)."""
     host = _uploaded([shifts, counts], device)
     return torch.repeat_interleave(host[0], host[1], output_size=total) + torch.arange(total, device=device)
 
@@ -64,34 +69,25 @@ def concatenated(parts: Sequence, device: torch.device) -> torch.Tensor:
     gather, however many parts there are (none when they are one source's rows in order)."""
     where: dict[int, int] = {}
     pool: list[torch.Tensor] = []
-    starts, counts = [], []
-    size = 0
+    shifts, counts = [], []
+    size = total = 0
     for part in parts:
         if type(part) is Rows:
-            source, start, stop = part.source, part.start, part.stop
+            source, start, count = part.source, part.start, part.stop - part.start
         else:
-            source, start, stop = part, 0, part.shape[0]
+            source, start, count = part, 0, part.shape[0]
         base = where.get(id(source))
         if base is None:
             base = where[id(source)] = size
             pool.append(source)
             size += source.shape[0]
-        starts.append(base + start)
-        counts.append(stop - start)
+        shifts.append(base + start - total)
+        counts.append(count)
+        total += count
     pooled = pool[0] if len(pool) == 1 else torch.cat(pool)
-    total = sum(counts)
-    if total == size and _in_order(starts, counts):
+    if total == size and not any(shifts):  # the sources' rows, in order
         return pooled
-    return pooled.index_select(0, ranges(starts, counts, device))
-
-
-def _in_order(starts: list[int], counts: list[int]) -> bool:
-    end = 0
-    for start, count in zip(starts, counts):
-        if start != end:
-            return False
-        end += count
-    return True
+    return pooled.index_select(0, _gathered(shifts, counts, total, device))
 
 
 def shifted(positions: torch.Tensor, shifts: Sequence[int], counts: Sequence[int], device: torch.device) -> torch.Tensor:

@@ -20,7 +20,7 @@ from packedss.decoding.calls import (
     Layout,
     Planned,
     Role,
-    block_segment,
+    Rule,
     causal_segment,
     draft_block,
     layout_of,
@@ -47,8 +47,33 @@ class _Shape:
         return Planned(self.layout, self.offsets, tokens, position)
 
 
+@functools.lru_cache(maxsize=64)
 def _mask_tokens(count: int, mask_token_id: int, device: torch.device) -> torch.Tensor:
+    """`count` MASK tokens, one tensor per count (shared: never written to)."""
     return torch.full((count,), mask_token_id, dtype=torch.long, device=device)
+
+
+def _prefill_call(prompt: torch.Tensor, block: Sequence[torch.Tensor] = (), at: int = 0, sees: int = 0) -> Call:
+    """A prefill: the prompt's L rows (causal), then, if `block` has parts, a draft block of their
+    tokens at positions at.. that sees the prompt's first `sees` rows and the whole block. Logits
+    come back from the prompt's last row on. The call `pack` makes of these segments, in a fixed
+    number of tensor operations (a prefill's shape is the prompt's, so it is built per response)."""
+    length, device = prompt.shape[0], prompt.device
+    if not block:
+        attend = torch.ones(length, length, dtype=torch.bool, device=device).tril_()
+        roles = torch.full((length,), int(Role.VERIFY), dtype=torch.uint8, device=device)
+        return Call(prompt, torch.arange(length, device=device), roles, attend, useful=length, drafts=0,
+                    read_from=length - 1, rule=Rule.CAUSAL)  # fmt: skip
+    tokens = torch.cat([prompt, *block])
+    rows = tokens.shape[0]
+    positions = torch.arange(rows, device=device)
+    positions[length:] += at - length
+    roles = torch.full((rows,), int(Role.DRAFT), dtype=torch.uint8, device=device)
+    roles[:length] = int(Role.VERIFY)
+    attend = torch.ones(rows, rows, dtype=torch.bool, device=device).tril_()
+    attend[length:, sees:length] = False
+    attend[length:, length:] = True
+    return Call(tokens, positions, roles, attend, useful=rows, drafts=rows - length, read_from=length - 1)
 
 
 def _shape(call: Call, *masks: torch.Tensor) -> _Shape:
@@ -138,7 +163,7 @@ class _LTRDecoder(Decoder):
 
     def prefill_prompt(self) -> Steps:
         """Prefill without a draft: the prompt's last row gives the first token."""
-        logits = yield pack([causal_segment(self.prompt_ids, 0)], read_from=len(self.prompt) - 1)
+        logits = yield _prefill_call(self.prompt_ids)
         self.model.commit(len(self.prompt))
         return (yield from self.first(logits[-1:]))
 
@@ -236,14 +261,10 @@ class _Quadratic(_LTRDecoder):
 
     def prefill(self) -> Steps:
         length, block, sampling = len(self.prompt), self.settings.block, self.settings.sampling
-        device = self.model.device
         # Prefill with the first draft attached: B masks at L..L+B-1 that see the whole prompt.
-        masks = _mask_tokens(block, self.model.mask_token_id, device)
-        sees_prompt = torch.ones(block, length, dtype=torch.bool, device=device)
         # Logits of the prompt's last row and the block's (rows L-1..).
-        call = pack([causal_segment(self.prompt_ids, 0), block_segment(masks, length)], sees={(1, 0): sees_prompt},
-                    read_from=length - 1)  # fmt: skip
-        logits = yield call
+        masks = _mask_tokens(block, self.model.mask_token_id, self.model.device)
+        logits = yield _prefill_call(self.prompt_ids, [masks], at=length, sees=length)
         self.model.commit(length)
         done = yield from self.first(logits[0:1])
         self.drafts, self.draft_probs = yield Host(propose, logits[2:], sampling)  # positions L+1..L+W
@@ -278,12 +299,9 @@ class _Packed(_LTRDecoder):
         length, width, sampling = len(self.prompt), self.settings.width, self.settings.sampling
         # Prefill with the first draft attached: the block [x_{L-1}@L-1, MASK@L..L+W-1] sees the
         # prompt before its anchor, exactly as a separate draft call would after the prompt.
-        sees_prompt = torch.ones(width + 1, length, dtype=torch.bool, device=self.model.device)
-        sees_prompt[:, -1] = False
-        block = draft_block(self.prompt_ids[-1], length - 1, width, self.model.mask_token_id)
         # Logits of the prompt's last row and the block's (rows L-1..).
-        call = pack([causal_segment(self.prompt_ids, 0), block], sees={(1, 0): sees_prompt}, read_from=length - 1)
-        logits = yield call
+        masks = _mask_tokens(width, self.model.mask_token_id, self.model.device)
+        logits = yield _prefill_call(self.prompt_ids, [self.prompt_ids[-1:], masks], at=length - 1, sees=length - 1)
         self.model.commit(length)
         done = yield from self.first(logits[0:1])
         first = range(length, length + 1)  # the first token's position

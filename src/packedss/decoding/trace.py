@@ -72,10 +72,8 @@ class Emitter:
     def emit(self, new: Sequence[int]) -> bool:
         """Append the tokens of one call; returns True when decoding must stop."""
         keep, reason = len(new), None
-        for k, token in enumerate(new):
-            if token in self.eos:
-                keep, reason = k + 1, "eos"
-                break
+        if not self.eos.isdisjoint(new):
+            keep, reason = next(k + 1 for k, token in enumerate(new) if token in self.eos), "eos"
         room = self.max_new_tokens - len(self.tokens)
         if keep > room or (keep == room and reason is None):
             keep, reason = room, "max_tokens"
