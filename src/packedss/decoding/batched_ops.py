@@ -51,10 +51,12 @@ class _Greedy:
         if not self.blocked:
             self.tokens = logits.argmax(dim=-1)
             return
-        blocks = logits.view(count, vocabulary // BLOCK, BLOCK)
-        self.block_max = blocks.amax(dim=-1)
+        blocks = vocabulary // BLOCK
+        self.block_max = logits.view(count, blocks, BLOCK).amax(dim=-1)
         self.best = self.block_max.argmax(dim=-1)
-        self.inner = blocks[torch.arange(count, device=logits.device), self.best]  # each row's best block
+        # Each row's best block (as rows of a view of BLOCK entries: a gather of whole rows).
+        firsts = torch.arange(0, count * blocks, blocks, device=logits.device)
+        self.inner = logits.view(count * blocks, BLOCK).index_select(0, firsts + self.best)
         self.first = self.inner.argmax(dim=-1, keepdim=True)
         self.tokens = self.best * BLOCK + self.first[:, 0]
 

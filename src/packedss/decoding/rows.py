@@ -4,6 +4,7 @@ of a round's results, and builds a round's calls, without a tensor operation per
 
 from __future__ import annotations
 
+import array
 from collections.abc import Sequence
 
 import torch
@@ -51,17 +52,17 @@ def ranges(starts: Sequence[int], counts: Sequence[int], device: torch.device) -
 
 def _gathered(shifts: list[int], counts: list[int], total: int, device: torch.device) -> torch.Tensor:
     """The indices of `ranges`, from each run's start less the rows before it (`shifts`)."""
-    host = _uploaded([shifts, counts], device)
+    host = uploaded(shifts + counts, device).view(2, -1)
     return torch.repeat_interleave(host[0], host[1], output_size=total) + torch.arange(total, device=device)
 
 
-def _uploaded(rows: list[Sequence[int]], device: torch.device) -> torch.Tensor:
-    """Host integers as one long tensor on `device`; on CUDA from pinned memory, without waiting
-    for the device."""
-    host = torch.tensor(rows, dtype=torch.long)
+def uploaded(values: list[int], device: torch.device) -> torch.Tensor:
+    """Host integers as a long tensor on `device` (through an array: a third of what `torch.tensor`
+    of a list costs); on CUDA from pinned memory, without waiting for the device."""
+    host = torch.frombuffer(array.array("q", values), dtype=torch.long) if values else torch.zeros(0, dtype=torch.long)
     if device.type == "cuda":
-        host = host.pin_memory()
-    return host.to(device, non_blocking=True)
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
 
 
 def concatenated(parts: Sequence, device: torch.device) -> torch.Tensor:
@@ -94,5 +95,5 @@ def shifted(positions: torch.Tensor, shifts: Sequence[int], counts: Sequence[int
     """`positions` (the parts' rows, in order) with shifts[k] added to the counts[k] rows of part k."""
     if not any(shifts):
         return positions
-    host = _uploaded([shifts, counts], device)
+    host = uploaded([*shifts, *counts], device).view(2, -1)
     return positions + torch.repeat_interleave(host[0], host[1], output_size=positions.shape[0])
