@@ -82,9 +82,15 @@ def _margins(top2: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torc
     return margin, (margin <= near_tie_threshold(top2[:, 0], dtype)).long()
 
 
-# [logits, its _Greedy or None] of the last round whose steps asked for its rows: its _Greedy when
-# the first step took its rows whole, None when it took them row by row.
+# [logits, its _Greedy or None] of the round whose steps ask for its rows: its _Greedy when the
+# first step took its rows whole, None when it took them row by row.
 _last: list = [None, None]
+
+
+def end_round() -> None:
+    """Forget the round's logits before the next batched call (a round's logits can be most of a
+    device's free memory: 1152 rows of a 131k vocabulary are 0.6 GB in float32)."""
+    _last[:] = [None, None]
 
 
 def _round_greedy(rows: Sequence) -> _Greedy | None:

@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from packedss.decoding.batched_ops import batched_form
+from packedss.decoding.batched_ops import batched_form, end_round
 from packedss.decoding.calls import Call, Layout, Planned
 from packedss.decoding.driver import FrozenHeap, Host, Response
 from packedss.decoding.rows import Rows, concatenated, materialized, shifted
@@ -211,6 +211,7 @@ class _Engine:
         executor, device = self.executor, self.executor.device
         position_ids = shifted(concatenated(positions, device), shifts, [e.rows for e in entries], device)
         batch = CallBatch(entries, concatenated(tokens, device), position_ids)
+        end_round()
         self.settle()
         started, clock = self.now(), time.perf_counter()
         logits = executor.run(batch)
@@ -233,10 +234,11 @@ class _Engine:
             self.advance(slot, own)
 
     def result(self, slot: _Slot) -> Decoded:
-        """The slot's Decoded, with its times on the job's clock."""
+        """The slot's Decoded (its own, fresh from its meter), with its times on the job's clock."""
         decoded = slot.decoded
-        latency = slot.last_call_end - slot.first_call_start if slot.first_call_start is not None else 0.0
-        return replace(decoded, wall_s=decoded.model_s + slot.host_s, nonmodel_s=slot.host_s, latency_s=latency)
+        decoded.wall_s, decoded.nonmodel_s = decoded.model_s + slot.host_s, slot.host_s
+        decoded.latency_s = slot.last_call_end - slot.first_call_start if slot.first_call_start is not None else 0.0
+        return decoded
 
 
 def decode_batched(executor: BatchExecutor, requests: Iterable[Request], concurrency: int) -> Iterator[tuple[Request, Decoded]]:
@@ -278,6 +280,7 @@ def decode_batched(executor: BatchExecutor, requests: Iterable[Request], concurr
                     return
                 engine.call(active)
     finally:
+        end_round()
         for slot in slots:
             if slot is not None:
                 slot.steps.close()
