@@ -174,6 +174,16 @@ def _verifications(args: Sequence[tuple], device: torch.device) -> tuple[torch.T
     return torch.cat([accepted, verified, near]), finish
 
 
+def _resolved_first(positions, resolved) -> int | None:
+    """How many of `positions` `resolved` holds, when both are runs of consecutive positions that
+    start together (left to right: the emitted tokens took the draft's first positions); None
+    when they are not."""
+    if type(positions) is range and type(resolved) is range and positions.step == resolved.step == 1:
+        if positions.start == resolved.start:
+            return min(len(resolved), len(positions))
+    return None
+
+
 def _proposals_ahead(args: Sequence[tuple], device: torch.device) -> tuple[None, Finish]:
     counts = [len(a[0]) for a in args]
     tokens, starts = _argmaxes([a[0] for a in args], device)
@@ -181,6 +191,10 @@ def _proposals_ahead(args: Sequence[tuple], device: torch.device) -> tuple[None,
     def finish(values: list[int]) -> list:
         out = []
         for (rows, positions, resolved, _), start, count in zip(args, starts, counts):
+            first = _resolved_first(positions, resolved)
+            if first is not None:
+                out.append(Proposals(list(positions[first:]), Rows(tokens, start + first, start + count), None))
+                continue
             keep = [k for k, position in enumerate(positions) if position not in resolved]
             first = keep[0] if keep else count
             if keep == list(range(first, count)):  # a suffix (always so left to right)

@@ -17,7 +17,7 @@ import gc
 from abc import ABC, abstractmethod
 from collections.abc import Container, Generator, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import torch
 
@@ -85,8 +85,7 @@ class Host:
 Steps = Generator  # a decoder's coroutine: yields calls and Host steps, receives their results
 
 
-@dataclass(frozen=True)
-class Proposals:
+class Proposals(NamedTuple):
     """Draft tokens at some positions and the distribution q each was sampled from (None when greedy)."""
 
     positions: list[int]

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import torch
 
-from packedss.decoding.rows import Rows, concatenated
+from packedss.decoding.rows import Rows, concatenated, uploaded
 
 VERIFY_RULES = ("rejection", "match")  # the rules a run can choose at T > 0
 GREEDY = "greedy"  # the rule recorded at T = 0, where both rules reduce to exact match
@@ -99,10 +99,7 @@ def upload(ids: list[int], device: torch.device) -> torch.Tensor:
     """`ids` as a long tensor on `device`. On CUDA the copy is from pinned memory and does not
     block: a pageable host-to-device copy waits for the device, a host sync that the sync count
     (scripts/check_decode.py) would see in every response."""
-    host = torch.tensor(ids, dtype=torch.long)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
+    return uploaded(list(ids), device)
 
 
 def last_token(emitted: list[int], device: torch.device) -> torch.Tensor:
@@ -190,10 +187,11 @@ class NearTies:
         """Row k of `rows` (V logits) decided the token at output index indexes[k]. In a batch,
         `rows` are DecidedMargins."""
         if type(rows) is DecidedMargins:
-            for k, index in enumerate(indexes):
-                if rows.near[k]:
-                    self.indexes.append(index)
-                    self.top2.append(rows.margins[k : k + 1])
+            if any(rows.near):
+                for k, index in enumerate(indexes):
+                    if rows.near[k]:
+                        self.indexes.append(index)
+                        self.top2.append(rows.margins[k : k + 1])
             return
         indexes = list(indexes)
         self.indexes += indexes
