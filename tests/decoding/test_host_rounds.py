@@ -123,3 +123,30 @@ def test_bench_concurrency_prints_its_regime_and_a_ratio_line_per_schedule(capsy
         assert least == pytest.approx([min(hosts[1]), min(hosts[2])], abs=1e-3)  # each level's least turn
         assert float(found.group(3)) == pytest.approx(least[1] / least[0], abs=0.06)
         assert all(value > 0 for value in least)
+
+
+@pytest.mark.parametrize("schedule", ["ar", "packed"])
+def test_a_rounds_logits_are_let_go_before_the_next_batched_call(schedule):
+    """Nothing of the engine keeps a round's logits once its host steps are done (the round's
+    argmax cache included), so the next batched call's logits do not come on top of them."""
+    import weakref
+
+    model = load_nemotron(PROJECT_ROOT / "assets" / "models" / "tiny", dtype="float32")
+    executor = BatchedCalls(model, 3)
+    earlier, alive = [], []
+    run = executor.run
+
+    def watched(batch):
+        alive.append(sum(ref() is not None for ref in earlier))
+        logits = run(batch)
+        earlier.append(weakref.ref(logits))
+        return logits
+
+    executor.run = watched
+    settings = LTRSettings(schedule, 4, 10, (), GREEDY)
+    decoder = schedule_named(LTR_DECODERS, schedule)
+    prompts = [[5, 17, 33], [9, 4], [61, 62, 63, 7], [40, 41]]
+    requests = [Request(k, lambda m, k=k: Response(m, prompts[k], settings, None, decoder)) for k in range(4)]
+    list(decode_batched(executor, requests, 3))
+    assert len(alive) > 5 and alive == [0] * len(alive)
+    assert all(ref() is None for ref in earlier)  # nor after the batch
