@@ -2,20 +2,29 @@
 """Host time per round at concurrency C: how much of a batched round is not the model call.
 
 For each schedule and each C, the same questions decode C at a time (packedss.decoding.engine on
-the eager batch executor; C = 1 is the runner's own one-at-a-time path), after an untimed warm-up
-at that C; the levels take turns `--repeats` times and each keeps its least host time. Host ms per round = (the decode's elapsed time - the model time of its calls) / its
-batched calls (at C = 1, its calls). A line per schedule ends `host ms per round C=<largest>/C=1:
-X`: the host work of a round at the largest C against C = 1 (1 would be host work that does not
-grow with C at all; C would be host work that grows as C).
+the eager batch executor; C = 1 is the runner's own one-at-a-time path, packedss.decoding.driver),
+after an untimed warm-up at that C. The levels then take turns, `--repeats` times, and each keeps
+its least host time (the machine's other load only ever adds to it).
 
-    python scripts/bench_concurrency.py --model tiny --task arith --limit 64 --width 8 --concurrency 1,16,64
-    python scripts/bench_concurrency.py --model tiny-set --schedules linear,packed --order ltr --width 4
+Host ms per round = (the decode's elapsed time - the model time of its calls) / its batched calls
+(at C = 1, its calls), as docs/concurrency.md §2 defines it: elapsed is the wall time of decoding
+all the questions, from the first response's start to the last one's end, everything on the host
+included (building calls, the host steps, emitters, stop checks, meters, records of the times).
+Host CPU ms per round is the same on the main thread's CPU clock (time.thread_time: the CPU time
+inside the model calls subtracted), which other processes on a shared machine disturb far less.
+
+A line per schedule ends `host ms per round C=<largest>/C=1: X`: the host work of a round at the
+largest C against C = 1 (1 would be host work that does not grow with C at all; C would be host
+work that grows as C).
+
+    python scripts/bench_concurrency.py --schedules linear,packed --concurrency 1,16,64
+    python scripts/bench_concurrency.py --model tiny-set --schedules linear,packed --order ltr
 """
 
 from __future__ import annotations
 
-import argparse
 import os
+import platform
 import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -25,79 +34,132 @@ import torch  # noqa: E402
 from packedss.benchmark.schedules import BenchSettings, load  # noqa: E402
 from packedss.decoding import Sampling  # noqa: E402
 from packedss.decoding.engine import Request, decode_batched  # noqa: E402
-from packedss.families import family_named  # noqa: E402
+from packedss.errors import ArgumentParser, closest, number, numbers, run_cli  # noqa: E402
+from packedss.families import FAMILIES, family_named  # noqa: E402
 from packedss.models.batched import BatchedCalls  # noqa: E402
+from packedss.paths import CONF_DIR  # noqa: E402
 from packedss.runner import end_of_turn_ids, question_prompt_ids, task_config_for  # noqa: E402
-from packedss.tasks import load_task  # noqa: E402
+from packedss.tasks import TASK_NAMES, DataUnavailable, load_task  # noqa: E402
 from packedss.tasks.stops import make_stop_check  # noqa: E402
 
 GREEDY = Sampling(0.0, "rejection", None)
+MODELS = sorted(path.stem for path in (CONF_DIR / "model").glob("*.yaml"))
+ORDERS = sorted({order for family in FAMILIES.values() for order in family.orders})
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="tiny")
-    parser.add_argument("--task", default="arith")
-    parser.add_argument("--data-dir", default=None)
-    parser.add_argument("--limit", type=int, default=64)
-    parser.add_argument("--width", type=int, default=8)
-    parser.add_argument("--schedules", default="ar,linear,quadratic,packed")
-    parser.add_argument("--concurrency", default="1,16,64")
-    parser.add_argument("--order", default=None, help="any-order models: the verification order")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
-    levels = sorted(int(c) for c in args.concurrency.split(","))
+class ModelCPU:
+    """The main thread's CPU time inside a model's calls: `run` of an adapter or a batch executor
+    is wrapped (on the instance) to add it up."""
+
+    def __init__(self):
+        self.ns = 0
+
+    def wrap(self, model) -> None:
+        run = model.run
+
+        def timed(*args):
+            started = time.thread_time_ns()
+            try:
+                return run(*args)
+            finally:
+                self.ns += time.thread_time_ns() - started
+
+        model.run = timed
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as handle:
+            return next(line.split(":", 1)[1].strip() for line in handle if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or "unknown CPU"
+
+
+def main(argv=None) -> int:
+    ap = ArgumentParser(prog="scripts/bench_concurrency.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="tiny", help="a conf/model name (tiny, tiny-set, ...)")
+    ap.add_argument("--task", default="arith", choices=TASK_NAMES)
+    ap.add_argument("--data-dir", default=None)
+    ap.add_argument("--limit", type=number(int, 1), default=64, help="first N questions")
+    ap.add_argument("--width", type=number(int, 1), default=8, help="W")
+    ap.add_argument("--schedules", default="ar,linear,quadratic,packed", help="comma separated, of the model family's")
+    ap.add_argument("--concurrency", type=numbers(1), default=[1, 16, 64], help="comma separated C, 1 among them")
+    ap.add_argument("--order", default=None, choices=ORDERS, help="any-order models: the verification order (default ltr)")
+    ap.add_argument("--threads", type=number(int, 1), default=1, help="CPU intra-op threads")
+    ap.add_argument("--repeats", type=number(int, 1), default=5, help="turns of every level; each keeps its least")
+    args = ap.parse_args(argv)
+    if args.model not in MODELS:
+        ap.error(f"unknown --model {args.model}{closest(args.model, MODELS)}; valid: {', '.join(MODELS)}")
+    levels = sorted(set(args.concurrency))
     if levels[0] != 1:
-        parser.error("--concurrency must include 1 (the reference of the ratio)")
+        ap.error(f"--concurrency {','.join(map(str, levels))} lacks 1, the reference of the ratio; add it")
+    torch.set_num_threads(args.threads)
 
     cfg, adapter, tokenizer, label = load(BenchSettings(model=args.model, task=args.task), torch.device("cpu"), "float32")
     family = family_named(cfg.model.family)
-    task = load_task(task_config_for(cfg), data_dir=args.data_dir)
-    questions = task.questions(args.limit)
+    valid = [decoder.name for decoder in family.decoders]
+    schedules = [name.strip() for name in args.schedules.split(",") if name.strip()]
+    unknown = [name for name in schedules if name not in valid]
+    if unknown or not schedules:
+        ap.error(f"--schedules: unknown {','.join(unknown) or 'none given'} for the {family.name} family; "
+                 f"valid: {', '.join(valid)}")  # fmt: skip
+    try:
+        task = load_task(task_config_for(cfg), data_dir=args.data_dir)
+        questions = task.questions(args.limit)
+    except DataUnavailable as err:
+        raise DataUnavailable(err.message("--data-dir DIR")) from None
     chat = bool(cfg.model.chat)
     prompts = [question_prompt_ids(task, tokenizer, q, chat) for q in questions]
     stop_check = make_stop_check(tokenizer, task.stop_for(chat))
     eos = adapter.eos_token_ids + end_of_turn_ids(cfg.model, tokenizer)
     options = {"pad_verify": True, "order": args.order}
-    print(f"{label}, {args.task}, {len(prompts)} questions, W={args.width}, eager, float32, "
-          f"{torch.get_num_threads()} thread(s), cpu, greedy")  # fmt: skip
+    executors = {c: BatchedCalls(adapter, c) for c in levels if c > 1}  # before the adapter's run is wrapped
+    model_cpu = ModelCPU()
+    for model in (adapter, *executors.values()):
+        model_cpu.wrap(model)
+    print(f"regime: {label}, {args.task}, {len(prompts)} questions, W={args.width}, greedy, eager calls, float32, "
+          f"{torch.get_num_threads()} intra-op thread(s), cpu ({cpu_name()}, {os.cpu_count()} cores), "
+          f"torch {torch.__version__}, {args.repeats} turns per level, load average {os.getloadavg()[0]:.1f} at the "
+          "start")  # fmt: skip
 
-    for schedule in args.schedules.split(","):
+    for schedule in schedules:
         fields = {"schedule": schedule, "width": args.width, "max_new_tokens": task.max_new_tokens,
                   "eos_token_ids": eos, "sampling": GREEDY}  # fmt: skip
         settings = family.settings_type(**(fields | family.settings_fields(schedule, options, adapter.block_size)))
-        host, decoders = {}, {}
+
+        def decode(ids_list, concurrency):
+            if concurrency == 1:
+                return [family.decode(adapter, ids, settings, stop_check) for ids in ids_list]
+            requests = [Request(k, lambda model, ids=ids: family.response(model, ids, settings, stop_check))
+                        for k, ids in enumerate(ids_list)]  # fmt: skip
+            return [out for _, out in decode_batched(executors[concurrency], requests, concurrency)]
+
         for concurrency in levels:
-            executor = BatchedCalls(adapter, concurrency) if concurrency > 1 else None
-
-            def decode(ids_list, executor=executor, concurrency=concurrency):
-                if executor is None:
-                    return [family.decode(adapter, ids, settings, stop_check) for ids in ids_list]
-                requests = [Request(k, lambda model, ids=ids: family.response(model, ids, settings, stop_check))
-                            for k, ids in enumerate(ids_list)]  # fmt: skip
-                return [out for _, out in decode_batched(executor, requests, concurrency)]
-
-            decoders[concurrency] = decode
-            decode(prompts[:concurrency])  # warm-up: layouts, biases and the allocator
-        # The levels take turns, `repeats` times; each keeps its least host time per round (the
-        # machine's other load only ever adds to it).
+            decode(prompts[:concurrency], concurrency)  # warm-up: layouts, biases and the allocator
+        host: dict[int, list[float]] = {c: [] for c in levels}
+        host_cpu: dict[int, list[float]] = {c: [] for c in levels}
         for _ in range(args.repeats):
             for concurrency in levels:
-                started = time.perf_counter()
-                outs = decoders[concurrency](prompts)
-                elapsed = time.perf_counter() - started
+                before_model, started, started_cpu = model_cpu.ns, time.perf_counter(), time.thread_time_ns()
+                outs = decode(prompts, concurrency)
+                elapsed, cpu_ns = time.perf_counter() - started, time.thread_time_ns() - started_cpu
                 model_s = sum(out.model_s for out in outs)
                 rounds = sum(1 / requests for out in outs for requests in out.call_requests)
                 ms = (elapsed - model_s) / rounds * 1000
-                host[concurrency] = min(ms, host.get(concurrency, ms))
-                print(f"  {schedule:9s} C={concurrency:<3d} rounds {rounds:7.0f}  elapsed {elapsed:7.2f} s  "
-                      f"model {model_s:7.2f} s  host ms per round {ms:.3f}")  # fmt: skip
+                cpu_ms = (cpu_ns - (model_cpu.ns - before_model)) / rounds / 1e6
+                host[concurrency].append(ms)
+                host_cpu[concurrency].append(cpu_ms)
+                print(f"  {schedule:9s} C={concurrency:<3d} rounds {rounds:6.0f}  elapsed {elapsed:6.2f} s  model "
+                      f"{model_s:6.2f} s  host ms per round {ms:7.3f}  host CPU ms per round {cpu_ms:7.3f}")  # fmt: skip
         top = levels[-1]
-        cells = ", ".join(f"C={c} {host[c]:.3f}" for c in levels)
-        print(f"{schedule}: host ms per round {cells}; host ms per round C={top}/C=1: {host[top] / host[1]:.1f}")
+        least, least_cpu = {c: min(v) for c, v in host.items()}, {c: min(v) for c, v in host_cpu.items()}
+        cells = ", ".join(f"C={c} {least[c]:.3f}" for c in levels)
+        cpu_cells = ", ".join(f"C={c} {least_cpu[c]:.3f}" for c in levels)
+        print(f"{schedule}: host CPU ms per round {cpu_cells} (C={top}/C=1: {least_cpu[top] / least_cpu[1]:.1f}); "
+              f"host ms per round {cells}; host ms per round C={top}/C=1: {least[top] / least[1]:.1f}")  # fmt: skip
+    print(f"load average {os.getloadavg()[0]:.1f} at the end")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

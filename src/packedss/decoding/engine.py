@@ -26,15 +26,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from packedss.decoding.batched_ops import batched_form
+from packedss.decoding.batched_ops import batched_form, end_round
 from packedss.decoding.calls import Call, Layout, Planned
-from packedss.decoding.driver import Host, Response
-from packedss.decoding.rows import Rows, concatenated, materialized
+from packedss.decoding.driver import FrozenHeap, Host, Response
+from packedss.decoding.rows import Rows, concatenated, materialized, shifted
 from packedss.decoding.trace import Decoded
 
 
@@ -119,9 +119,12 @@ class SlotModel:
 
 
 class _Slot:
+    __slots__ = ("index", "request", "steps", "send", "meter", "rows", "op", "decoded", "host_s", "first_call_start",
+                 "last_call_end")  # fmt: skip
+
     def __init__(self, index: int, request: Request, response: Response):
-        self.index, self.request, self.response = index, request, response
-        self.steps = response.steps
+        self.index, self.request = index, request
+        self.steps, self.send, self.meter = response.steps, response.steps.send, response.meter
         self.rows = response.decoder.batched_steps  # its results as Rows (else as tensors)
         self.op = None
         self.decoded: Decoded | None = None
@@ -135,7 +138,7 @@ class _Engine:
         self.executor = executor
         self.excluded = 0.0  # time off the job's clock: the caller's, and a cost twin's deciding model's
         self.mark = self.now()  # the start of the host time not shared yet
-        self.working: dict[int, _Slot] = {}  # the slots that worked since `mark`
+        self.working: dict[int, _Slot] = {}  # the slots that worked since `mark`, by index
 
     def now(self) -> float:
         return time.perf_counter() - self.excluded
@@ -147,9 +150,9 @@ class _Engine:
 
     def advance(self, slot: _Slot, result) -> None:
         """Send `result` to the slot's coroutine; keep its next step, or its Decoded when it ended."""
-        self.working[id(slot)] = slot
+        self.working[slot.index] = slot
         try:
-            slot.op = slot.steps.send(result)
+            slot.op = slot.send(result)
         except StopIteration as stop:
             slot.op, slot.decoded = None, stop.value
 
@@ -193,7 +196,7 @@ class _Engine:
         for slot in slots:
             op = slot.op
             if type(op) is Planned:
-                rows, layout, read_from = len(op.offsets), op.layout, 0
+                rows, layout, read_from = op.offsets.shape[0], op.layout, 0
                 tokens += op.parts
                 positions.append(op.offsets)
                 shifts.append(op.position)
@@ -206,12 +209,9 @@ class _Engine:
             entries.append(Entry(slot.index, layout, rows, read_from, start))
             start += rows
         executor, device = self.executor, self.executor.device
-        position_ids = concatenated(positions, device)
-        if any(shifts):
-            counts = torch.tensor([e.rows for e in entries], device=device)
-            position_ids = position_ids + torch.repeat_interleave(torch.tensor(shifts, device=device), counts,
-                                                                  output_size=start)  # fmt: skip
+        position_ids = shifted(concatenated(positions, device), shifts, [e.rows for e in entries], device)
         batch = CallBatch(entries, concatenated(tokens, device), position_ids)
+        end_round()
         self.settle()
         started, clock = self.now(), time.perf_counter()
         logits = executor.run(batch)
@@ -220,24 +220,25 @@ class _Engine:
         charged = elapsed if executor.charged_s is None else executor.charged_s
         self.excluded += elapsed - charged
         ended = self.mark = self.now()
-        read = 0
+        requests, read = len(entries), 0
         for slot, entry in zip(slots, entries):
             count = entry.rows - entry.read_from
             own = Rows(logits, read, read + count) if slot.rows else logits[read : read + count]
             read += count
-            stats = {"call_requests": len(entries), "call_batch_rows": start} | executor.call_stats(entry.slot)
-            slot.response.meter.count(entry.rows, entry.layout.useful, stats)
-            slot.response.meter.call_model_s.append(charged * entry.rows / start)
+            meter = slot.meter
+            meter.count(entry.rows, entry.layout.useful, executor.call_stats(entry.slot), requests, start)
+            meter.call_model_s.append(charged * entry.rows / start)
             if slot.first_call_start is None:
                 slot.first_call_start = started
             slot.last_call_end = ended
             self.advance(slot, own)
 
     def result(self, slot: _Slot) -> Decoded:
-        """The slot's Decoded, with its times on the job's clock."""
+        """The slot's Decoded (its own, fresh from its meter), with its times on the job's clock."""
         decoded = slot.decoded
-        latency = slot.last_call_end - slot.first_call_start if slot.first_call_start is not None else 0.0
-        return replace(decoded, wall_s=decoded.model_s + slot.host_s, nonmodel_s=slot.host_s, latency_s=latency)
+        decoded.wall_s, decoded.nonmodel_s = decoded.model_s + slot.host_s, slot.host_s
+        decoded.latency_s = slot.last_call_end - slot.first_call_start if slot.first_call_start is not None else 0.0
+        return decoded
 
 
 def decode_batched(executor: BatchExecutor, requests: Iterable[Request], concurrency: int) -> Iterator[tuple[Request, Decoded]]:
@@ -252,32 +253,34 @@ def decode_batched(executor: BatchExecutor, requests: Iterable[Request], concurr
     queue = iter(requests)
     slots: list[_Slot | None] = [None] * concurrency
     try:
-        for index in range(concurrency):
-            request = next(queue, None)
-            slots[index] = None if request is None else engine.start(index, request)
-        while True:
-            active = [slot for slot in slots if slot is not None]
-            waiting = [slot for slot in active if type(slot.op) is Host]
-            if waiting:
-                engine.host_wave(waiting)
-                continue
-            finished = [slot for slot in active if slot.decoded is not None]
-            if finished:
-                engine.settle()
-                done = [(slot.request, engine.result(slot)) for slot in finished]
-                for slot in finished:
-                    slots[slot.index] = None
-                paused = time.perf_counter()
-                yield from done
-                engine.excluded += time.perf_counter() - paused
-                for slot in finished:
-                    request = next(queue, None)
-                    slots[slot.index] = None if request is None else engine.start(slot.index, request)
-                continue
-            if not active:
-                return
-            engine.call(active)
+        with FrozenHeap():
+            for index in range(concurrency):
+                request = next(queue, None)
+                slots[index] = None if request is None else engine.start(index, request)
+            while True:
+                active = [slot for slot in slots if slot is not None]
+                waiting = [slot for slot in active if type(slot.op) is Host]
+                if waiting:
+                    engine.host_wave(waiting)
+                    continue
+                finished = [slot for slot in active if slot.decoded is not None]
+                if finished:
+                    engine.settle()
+                    done = [(slot.request, engine.result(slot)) for slot in finished]
+                    for slot in finished:
+                        slots[slot.index] = None
+                    paused = time.perf_counter()
+                    yield from done
+                    engine.excluded += time.perf_counter() - paused
+                    for slot in finished:
+                        request = next(queue, None)
+                        slots[slot.index] = None if request is None else engine.start(slot.index, request)
+                    continue
+                if not active:
+                    return
+                engine.call(active)
     finally:
+        end_round()
         for slot in slots:
             if slot is not None:
                 slot.steps.close()

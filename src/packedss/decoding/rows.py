@@ -4,6 +4,7 @@ of a round's results, and builds a round's calls, without a tensor operation per
 
 from __future__ import annotations
 
+import array
 from collections.abc import Sequence
 
 import torch
@@ -46,11 +47,22 @@ def ranges(starts: Sequence[int], counts: Sequence[int], device: torch.device) -
     for start, count in zip(starts, counts):
         shifts.append(start - total)
         total += count
-    host = torch.tensor([shifts, counts], dtype=torch.long)
-    if device.type == "cuda":  # from pinned memory, without waiting for the device
-        host = host.pin_memory()
-    shift, count = host.to(device, non_blocking=True)
-    return torch.repeat_interleave(shift, count, output_size=total) + torch.arange(total, device=device)
+    return _gathered(shifts, counts, total, device)
+
+
+def _gathered(shifts: list[int], counts: list[int], total: int, device: torch.device) -> torch.Tensor:
+    """The indices of `ranges`, from each run's start less the rows before it (`shifts`)."""
+    host = uploaded(shifts + counts, device).view(2, -1)
+    return torch.repeat_interleave(host[0], host[1], output_size=total) + torch.arange(total, device=device)
+
+
+def uploaded(values: list[int], device: torch.device) -> torch.Tensor:
+    """Host integers as a long tensor on `device` (through an array: a third of what `torch.tensor`
+    of a list costs); on CUDA from pinned memory, without waiting for the device."""
+    host = torch.frombuffer(array.array("q", values), dtype=torch.long) if values else torch.zeros(0, dtype=torch.long)
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
 
 
 def concatenated(parts: Sequence, device: torch.device) -> torch.Tensor:
@@ -58,31 +70,30 @@ def concatenated(parts: Sequence, device: torch.device) -> torch.Tensor:
     gather, however many parts there are (none when they are one source's rows in order)."""
     where: dict[int, int] = {}
     pool: list[torch.Tensor] = []
-    starts, counts = [], []
-    size = 0
+    shifts, counts = [], []
+    size = total = 0
     for part in parts:
         if type(part) is Rows:
-            source, start, stop = part.source, part.start, part.stop
+            source, start, count = part.source, part.start, part.stop - part.start
         else:
-            source, start, stop = part, 0, len(part)
+            source, start, count = part, 0, part.shape[0]
         base = where.get(id(source))
         if base is None:
             base = where[id(source)] = size
             pool.append(source)
-            size += len(source)
-        starts.append(base + start)
-        counts.append(stop - start)
+            size += source.shape[0]
+        shifts.append(base + start - total)
+        counts.append(count)
+        total += count
     pooled = pool[0] if len(pool) == 1 else torch.cat(pool)
-    total = sum(counts)
-    if total == size and _in_order(starts, counts):
+    if total == size and not any(shifts):  # the sources' rows, in order
         return pooled
-    return pooled.index_select(0, ranges(starts, counts, device))
+    return pooled.index_select(0, _gathered(shifts, counts, total, device))
 
 
-def _in_order(starts: list[int], counts: list[int]) -> bool:
-    end = 0
-    for start, count in zip(starts, counts):
-        if start != end:
-            return False
-        end += count
-    return True
+def shifted(positions: torch.Tensor, shifts: Sequence[int], counts: Sequence[int], device: torch.device) -> torch.Tensor:
+    """`positions` (the parts' rows, in order) with shifts[k] added to the counts[k] rows of part k."""
+    if not any(shifts):
+        return positions
+    host = uploaded([*shifts, *counts], device).view(2, -1)
+    return positions + torch.repeat_interleave(host[0], host[1], output_size=positions.shape[0])

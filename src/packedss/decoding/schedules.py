@@ -20,7 +20,7 @@ from packedss.decoding.calls import (
     Layout,
     Planned,
     Role,
-    block_segment,
+    Rule,
     causal_segment,
     draft_block,
     layout_of,
@@ -34,31 +34,56 @@ from packedss.decoding.verify import first_token, last_token, propose, upload, v
 
 @dataclass(frozen=True)
 class _Shape:
-    """An LTR call shape: its layout, each row's position minus n, and the constant MASK tokens
-    that follow the filled-in rows. Building a call is then one `cat` for the tokens and one add
-    for the positions (Planned.build), or a part of a batched call's."""
+    """An LTR call shape: its layout, each row's position minus n, and the runs of constant MASK
+    tokens among its rows (each run its own tensor, shared by every call of the shape). Building a
+    call is then one `cat` for the tokens and one add for the positions (Planned.build), or a part
+    of a batched call's."""
 
     layout: Layout
     offsets: torch.Tensor
-    masks: torch.Tensor
+    masks: tuple[torch.Tensor, ...]
 
     def call(self, tokens: list, position: int) -> Planned:
         return Planned(self.layout, self.offsets, tokens, position)
 
 
+@functools.lru_cache(maxsize=64)
 def _mask_tokens(count: int, mask_token_id: int, device: torch.device) -> torch.Tensor:
+    """`count` MASK tokens, one tensor per count (shared: never written to)."""
     return torch.full((count,), mask_token_id, dtype=torch.long, device=device)
 
 
-def _shape(call: Call, masks: torch.Tensor) -> _Shape:
+def _prefill_call(prompt: torch.Tensor, block: Sequence[torch.Tensor] = (), at: int = 0, sees: int = 0) -> Call:
+    """A prefill: the prompt's L rows (causal), then, if `block` has parts, a draft block of their
+    tokens at positions at.. that sees the prompt's first `sees` rows and the whole block. Logits
+    come back from the prompt's last row on. The call `pack` makes of these segments, in a fixed
+    number of tensor operations (a prefill's shape is the prompt's, so it is built per response)."""
+    length, device = prompt.shape[0], prompt.device
+    if not block:
+        attend = torch.ones(length, length, dtype=torch.bool, device=device).tril_()
+        roles = torch.full((length,), int(Role.VERIFY), dtype=torch.uint8, device=device)
+        return Call(prompt, torch.arange(length, device=device), roles, attend, useful=length, drafts=0,
+                    read_from=length - 1, rule=Rule.CAUSAL)  # fmt: skip
+    tokens = torch.cat([prompt, *block])
+    rows = tokens.shape[0]
+    positions = torch.arange(rows, device=device)
+    positions[length:] += at - length
+    roles = torch.full((rows,), int(Role.DRAFT), dtype=torch.uint8, device=device)
+    roles[:length] = int(Role.VERIFY)
+    attend = torch.ones(rows, rows, dtype=torch.bool, device=device).tril_()
+    attend[length:, sees:length] = False
+    attend[length:, length:] = True
+    return Call(tokens, positions, roles, attend, useful=rows, drafts=rows - length, read_from=length - 1)
+
+
+def _shape(call: Call, *masks: torch.Tensor) -> _Shape:
     """The shape of a call built at n = 0."""
     return _Shape(layout_of(call), call.positions, masks)
 
 
 @functools.lru_cache(maxsize=256)
 def _causal_shape(rows: int, device: torch.device) -> _Shape:
-    call = pack([causal_segment(torch.zeros(rows, dtype=torch.long, device=device), 0)])
-    return _shape(call, _mask_tokens(0, 0, device))
+    return _shape(pack([causal_segment(torch.zeros(rows, dtype=torch.long, device=device), 0)]))
 
 
 @functools.lru_cache(maxsize=256)
@@ -76,7 +101,7 @@ def _packed_shape(m: int, width: int, mask_token_id: int, pad_verify: bool, devi
         segments.append(pad_segment(padding, mask_token_id, 0, device))
     segments.append(draft_block(torch.zeros(1, dtype=torch.long, device=device), 0, width, mask_token_id))
     # Token rows after the verify segment: padding masks, then the block's anchor and W masks.
-    return _shape(pack(segments), _mask_tokens(padding + width, mask_token_id, device))
+    return _shape(pack(segments), _mask_tokens(padding, mask_token_id, device), _mask_tokens(width, mask_token_id, device))
 
 
 @functools.lru_cache(maxsize=64)
@@ -91,12 +116,12 @@ def _quadratic_shape(block: int, mask_token_id: int, device: torch.device) -> _S
     offsets = torch.cat([torch.arange(block, device=device), 1 + k_of_row + r_of_row])
     roles = torch.full((rows,), int(Role.DRAFT), dtype=torch.uint8, device=device)
     roles[:block] = int(Role.VERIFY)
-    return _Shape(Layout(roles, attend, rows, block * block), offsets, _mask_tokens(block * block, mask_token_id, device))
+    return _Shape(Layout(roles, attend, rows, block * block), offsets, (_mask_tokens(block * block, mask_token_id, device),))
 
 
 def _quadratic_plan(last, drafts, position: int, mask_token_id: int, device: torch.device) -> Planned:
     shape = _quadratic_shape(len(drafts) + 1, mask_token_id, device)
-    return shape.call([last, drafts, shape.masks], position)
+    return shape.call([last, drafts, *shape.masks], position)
 
 
 def quadratic_call(last: torch.Tensor, drafts: torch.Tensor, position: int, mask_token_id: int) -> Call:
@@ -108,8 +133,8 @@ def quadratic_call(last: torch.Tensor, drafts: torch.Tensor, position: int, mask
 def _packed_plan(last, drafts, position: int, width: int, mask_token_id: int, pad_verify: bool,
                  device: torch.device) -> Planned:  # fmt: skip
     shape = _packed_shape(len(drafts), width, mask_token_id, pad_verify, device)
-    pad = len(shape.masks) - width
-    return shape.call([last, drafts, shape.masks[:pad], last, shape.masks[pad:]], position)
+    padding, block = shape.masks
+    return shape.call([last, drafts, padding, last, block], position)
 
 
 def packed_call(
@@ -138,7 +163,7 @@ class _LTRDecoder(Decoder):
 
     def prefill_prompt(self) -> Steps:
         """Prefill without a draft: the prompt's last row gives the first token."""
-        logits = yield pack([causal_segment(self.prompt_ids, 0)], read_from=len(self.prompt) - 1)
+        logits = yield _prefill_call(self.prompt_ids)
         self.model.commit(len(self.prompt))
         return (yield from self.first(logits[-1:]))
 
@@ -212,7 +237,7 @@ class _Linear(_LTRDecoder):
 
     def step(self) -> Steps:
         sampling, position = self.settings.sampling, self.position
-        logits = yield self.draft_shape.call([self.last, self.draft_shape.masks], position)
+        logits = yield self.draft_shape.call([self.last, *self.draft_shape.masks], position)
         self.model.commit(0)
         drafts, draft_probs = yield Host(propose, logits[1:], sampling)
         logits = yield self.verify_shape.call([self.last, drafts], position)
@@ -236,14 +261,10 @@ class _Quadratic(_LTRDecoder):
 
     def prefill(self) -> Steps:
         length, block, sampling = len(self.prompt), self.settings.block, self.settings.sampling
-        device = self.model.device
         # Prefill with the first draft attached: B masks at L..L+B-1 that see the whole prompt.
-        masks = _mask_tokens(block, self.model.mask_token_id, device)
-        sees_prompt = torch.ones(block, length, dtype=torch.bool, device=device)
         # Logits of the prompt's last row and the block's (rows L-1..).
-        call = pack([causal_segment(self.prompt_ids, 0), block_segment(masks, length)], sees={(1, 0): sees_prompt},
-                    read_from=length - 1)  # fmt: skip
-        logits = yield call
+        masks = _mask_tokens(block, self.model.mask_token_id, self.model.device)
+        logits = yield _prefill_call(self.prompt_ids, [masks], at=length, sees=length)
         self.model.commit(length)
         done = yield from self.first(logits[0:1])
         self.drafts, self.draft_probs = yield Host(propose, logits[2:], sampling)  # positions L+1..L+W
@@ -278,12 +299,9 @@ class _Packed(_LTRDecoder):
         length, width, sampling = len(self.prompt), self.settings.width, self.settings.sampling
         # Prefill with the first draft attached: the block [x_{L-1}@L-1, MASK@L..L+W-1] sees the
         # prompt before its anchor, exactly as a separate draft call would after the prompt.
-        sees_prompt = torch.ones(width + 1, length, dtype=torch.bool, device=self.model.device)
-        sees_prompt[:, -1] = False
-        block = draft_block(self.prompt_ids[-1], length - 1, width, self.model.mask_token_id)
         # Logits of the prompt's last row and the block's (rows L-1..).
-        call = pack([causal_segment(self.prompt_ids, 0), block], sees={(1, 0): sees_prompt}, read_from=length - 1)
-        logits = yield call
+        masks = _mask_tokens(width, self.model.mask_token_id, self.model.device)
+        logits = yield _prefill_call(self.prompt_ids, [self.prompt_ids[-1:], masks], at=length - 1, sees=length - 1)
         self.model.commit(length)
         done = yield from self.first(logits[0:1])
         first = range(length, length + 1)  # the first token's position

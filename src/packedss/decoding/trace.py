@@ -72,10 +72,8 @@ class Emitter:
     def emit(self, new: Sequence[int]) -> bool:
         """Append the tokens of one call; returns True when decoding must stop."""
         keep, reason = len(new), None
-        for k, token in enumerate(new):
-            if token in self.eos:
-                keep, reason = k + 1, "eos"
-                break
+        if not self.eos.isdisjoint(new):
+            keep, reason = next(k + 1 for k, token in enumerate(new) if token in self.eos), "eos"
         room = self.max_new_tokens - len(self.tokens)
         if keep > room or (keep == room and reason is None):
             keep, reason = room, "max_tokens"
@@ -111,7 +109,7 @@ class Meter:
 
     In a batch (packedss.decoding.engine) the engine runs the calls: it counts each request's share
     of each batched call here (`count`, `call_model_s`), with the requests and rows of the whole
-    call among the statistics (BATCH_STATS), and sets the response's times when it ends."""
+    call (BATCH_STATS), and sets the response's times when it ends."""
 
     def __init__(self, model: CallModel, timing: str = "sync"):
         if timing not in TIMINGS:
@@ -153,12 +151,14 @@ class Meter:
         self.count(call.rows, call.rows_useful, self.model.call_stats)
         return logits
 
-    def count(self, rows: int, useful: int, stats: dict) -> None:
-        """Count a call of `rows` rows (`useful` of them not padding) and the model's statistics of it."""
+    def count(self, rows: int, useful: int, stats: dict, requests: int = 1, batch_rows: int | None = None) -> None:
+        """Count a call of `rows` rows (`useful` of them not padding) and the model's statistics of
+        it; in a batch, of `requests` requests and `batch_rows` rows in all (or the model's own
+        `call_batch_rows`, a padded pass's)."""
         self.rows_evaluated.append(rows)
         self.rows_useful.append(useful)
-        self.call_requests.append(stats.get("call_requests", 1))
-        self.call_batch_rows.append(stats.get("call_batch_rows", rows))
+        self.call_requests.append(requests)
+        self.call_batch_rows.append(stats.get("call_batch_rows", rows if batch_rows is None else batch_rows))
         for name, value in stats.items():
             if name not in BATCH_STATS:
                 self.call_stats.setdefault(name, []).append(value)

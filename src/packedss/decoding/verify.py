@@ -20,10 +20,11 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
-from packedss.decoding.rows import Rows, concatenated
+from packedss.decoding.rows import Rows, concatenated, uploaded
 
 VERIFY_RULES = ("rejection", "match")  # the rules a run can choose at T > 0
 GREEDY = "greedy"  # the rule recorded at T = 0, where both rules reduce to exact match
@@ -98,10 +99,7 @@ def upload(ids: list[int], device: torch.device) -> torch.Tensor:
     """`ids` as a long tensor on `device`. On CUDA the copy is from pinned memory and does not
     block: a pageable host-to-device copy waits for the device, a host sync that the sync count
     (scripts/check_decode.py) would see in every response."""
-    host = torch.tensor(ids, dtype=torch.long)
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
+    return uploaded(list(ids), device)
 
 
 def last_token(emitted: list[int], device: torch.device) -> torch.Tensor:
@@ -165,38 +163,52 @@ def near_tie_threshold(top: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return NEAR_TIE_ULPS * torch.finfo(dtype).eps * torch.exp2((exponent - 1).float())
 
 
+class DecidedMargins(NamedTuple):
+    """In a batch (packedss.decoding.batched_ops): the top-2 margins of the rows that decided a
+    verification's emitted tokens, Rows of the round's margins on the device, and their near-tie
+    flags, read back already with the round's accepted tokens."""
+
+    margins: Rows
+    near: list[int]
+
+
 class NearTies:
     """The top-2 logit margins of the rows that decided a response's emitted tokens (T = 0), kept
-    on the device while decoding and read back once, by `read`, when the response is done."""
+    on the device while decoding and read back once, by `read`, when the response is done. In a
+    batch the flags come with each round's read-back, so only the near-ties' margins are kept,
+    and a response without any reads nothing back at its end."""
 
     def __init__(self) -> None:
         self.indexes: list[int] = []  # output index (position in output_ids) of each row
-        self.top2: list = []  # per note, (rows, 2) top logits; in a batch, Rows of [margin, near]
+        self.top2: list = []  # per note, (rows, 2) top logits; in a batch, a near-tie's margin (Rows)
         self.dtype: torch.dtype | None = None
 
     def note(self, indexes, rows) -> None:
         """Row k of `rows` (V logits) decided the token at output index indexes[k]. In a batch,
-        `rows` are Rows of the margins the engine took of every request's rows at once
-        (packedss.decoding.batched_ops)."""
+        `rows` are DecidedMargins."""
+        if type(rows) is DecidedMargins:
+            if any(rows.near):
+                for k, index in enumerate(indexes):
+                    if rows.near[k]:
+                        self.indexes.append(index)
+                        self.top2.append(rows.margins[k : k + 1])
+            return
         indexes = list(indexes)
         self.indexes += indexes
-        if isinstance(rows, torch.Tensor):
-            self.top2.append(rows[: len(indexes)].topk(2, dim=-1).values)
-        else:
-            self.top2.append(rows[: len(indexes)])
+        self.top2.append(rows[: len(indexes)].topk(2, dim=-1).values)
         self.dtype = rows.dtype
 
     def read(self, outputs: int) -> list[list]:
         """[output index, margin] of every near-tie among the first `outputs` output positions."""
         if not self.top2:
             return []
-        if isinstance(self.top2[0], Rows):  # [margin, near] rows (batched)
-            margins, flags = concatenated(self.top2, self.top2[0].source.device).T.tolist()
-        else:
-            top2 = torch.cat(self.top2).float()
-            margin = top2[:, 0] - top2[:, 1]
-            near = margin <= near_tie_threshold(top2[:, 0], self.dtype)
-            margins, flags = torch.stack([margin, near.float()]).tolist()
+        if type(self.top2[0]) is Rows:  # the near-ties' margins (batched)
+            margins = concatenated(self.top2, self.top2[0].source.device).tolist()
+            return [[i, m] for i, m in zip(self.indexes, margins) if i < outputs]
+        top2 = torch.cat(self.top2).float()
+        margin = top2[:, 0] - top2[:, 1]
+        near = margin <= near_tie_threshold(top2[:, 0], self.dtype)
+        margins, flags = torch.stack([margin, near.float()]).tolist()
         return [[i, m] for i, m, f in zip(self.indexes, margins, flags) if f and i < outputs]
 
 

@@ -1,0 +1,152 @@
+"""Host work per round: the heap is frozen while decodes run (packedss.decoding.driver.FrozenHeap),
+at C = 1 and in a batch, and unfrozen when the last one ends, however it ends; a batched greedy
+response without near-ties reads nothing back when it ends; scripts/bench_concurrency.py prints
+its regime and the ratio line of each schedule."""
+
+from __future__ import annotations
+
+import gc
+import re
+import runpy
+
+import pytest
+import torch
+
+from packedss.decoding import LTRSettings, Sampling, decode_ltr
+from packedss.decoding.driver import Response, schedule_named
+from packedss.decoding.engine import Request, decode_batched
+from packedss.decoding.schedules import LTR_DECODERS
+from packedss.models.batched import BatchedCalls
+from packedss.models.nemotron import load_nemotron
+from packedss.paths import PROJECT_ROOT
+from tests.decoding.test_batching import _ToyBatch, _toy_requests
+from tests.decoding.test_syncs import counting_read_backs
+from tests.toy_ltr import ToyLTRModel
+
+GREEDY = Sampling(0.0, "rejection", None)
+
+
+class _FreezeWatch(ToyLTRModel):
+    """A toy model that notes, at every call, how many objects the collector has frozen."""
+
+    def __init__(self):
+        super().__init__(vocab=8, seed=1)
+        self.frozen: list[int] = []
+
+    def run(self, call):
+        self.frozen.append(gc.get_freeze_count())
+        return super().run(call)
+
+
+def test_a_decode_alone_runs_on_a_frozen_heap_and_unfreezes_it():
+    assert gc.get_freeze_count() == 0
+    model = _FreezeWatch()
+    out = decode_ltr(model, [1, 2, 3], LTRSettings("packed", 3, 12, (), GREEDY))
+    assert len(model.frozen) == out.nfe_total
+    assert min(model.frozen) > 1000  # the modules, torch, the tests' own objects
+    assert gc.get_freeze_count() == 0
+
+
+class _FreezeWatchBatch(_ToyBatch):
+    def __init__(self, slots, fail_at=None):
+        super().__init__(slots, fail_at)
+        self.frozen: list[int] = []
+
+    def run(self, batch):
+        self.frozen.append(gc.get_freeze_count())
+        return super().run(batch)
+
+
+def test_a_batch_runs_on_a_frozen_heap_until_its_last_decode_ends():
+    first, second = _FreezeWatchBatch(2), _FreezeWatchBatch(2)
+    one, other = decode_batched(first, _toy_requests(3), 2), decode_batched(second, _toy_requests(3), 2)
+    next(one)
+    next(other)  # two batches in progress, interleaved: the heap stays frozen until both end
+    list(one)
+    assert gc.get_freeze_count() > 0
+    list(other)
+    assert gc.get_freeze_count() == 0
+    assert min(first.frozen + second.frozen) > 1000
+
+
+def test_a_failed_batch_unfreezes_the_heap():
+    with pytest.raises(RuntimeError, match="fell over"):
+        list(decode_batched(_FreezeWatchBatch(3, fail_at=2), _toy_requests(5), 3))
+    assert gc.get_freeze_count() == 0
+
+
+def test_a_batched_response_without_near_ties_reads_nothing_back_when_it_ends(monkeypatch):
+    """The near-tie flags come back with each round's verification, so a response whose deciding
+    rows held none reads nothing more at its end (its near-ties' margins only when it has some)."""
+    from packedss.decoding import verify as verify_module
+
+    monkeypatch.setattr(verify_module, "NEAR_TIE_ULPS", 0.0)  # a margin of 0 only: none here
+    settings = LTRSettings("packed", 4, 6, (), GREEDY)
+    decoder = schedule_named(LTR_DECODERS, "packed")
+    prompts = [[5, 17, 33], [9, 4], [61, 62, 63, 7]]
+
+    def requests():
+        return [Request(k, lambda m, k=k: Response(m, prompts[k], settings, None, decoder)) for k in range(3)]
+
+    executor = BatchedCalls(load_nemotron(PROJECT_ROOT / "assets" / "models" / "tiny", dtype="float32"), 3)
+    list(decode_batched(executor, requests(), 3))  # layouts and biases built once
+    calls = []
+    run = executor.run
+    executor.run = lambda batch: calls.append(batch) or run(batch)
+    with counting_read_backs(monkeypatch) as counts:
+        finished = [out for _, out in decode_batched(executor, requests(), 3)]
+    assert all(out.extra["near_ties"] == [] for out in finished)
+    assert len(counts) <= len(calls), (counts, len(calls))  # one per round (the first call's none)
+
+
+def test_bench_concurrency_prints_its_regime_and_a_ratio_line_per_schedule(capsys):
+    bench = runpy.run_path(str(PROJECT_ROOT / "scripts" / "bench_concurrency.py"))
+    threads = torch.get_num_threads()
+    try:
+        status = bench["main"](["--schedules", "linear,ar", "--concurrency", "2,1", "--limit", "3", "--repeats", "2"])
+    finally:
+        torch.set_num_threads(threads)
+    assert status == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert re.match(r"regime: tiny, arith, 3 questions, W=8, greedy, eager calls, float32, 1 intra-op thread\(s\), "
+                    r"cpu \(.+, \d+ cores\), torch .+, 2 turns per level, load average [\d.]+ at the start$", lines[0])  # fmt: skip
+    number = r"([\d.]+)"
+    for schedule in ("linear", "ar"):
+        turns = [line for line in lines if line.startswith(f"  {schedule} ")]
+        assert len(turns) == 4  # two turns of C = 1 and C = 2, taken in rotation
+        assert [re.search(r"C=(\d)", line).group(1) for line in turns] == ["1", "2", "1", "2"]
+        hosts = {c: [float(re.search(r"host ms per round +" + number, line).group(1)) for line in turns if f"C={c} " in line]
+                 for c in (1, 2)}  # fmt: skip
+        (summary,) = [line for line in lines if line.startswith(f"{schedule}: ")]
+        found = re.search(rf"; host ms per round C=1 {number}, C=2 {number}; host ms per round C=2/C=1: {number}$", summary)
+        least = [float(found.group(1)), float(found.group(2))]
+        assert least == pytest.approx([min(hosts[1]), min(hosts[2])], abs=1e-3)  # each level's least turn
+        assert float(found.group(3)) == pytest.approx(least[1] / least[0], abs=0.06)
+        assert all(value > 0 for value in least)
+
+
+@pytest.mark.parametrize("schedule", ["ar", "packed"])
+def test_a_rounds_logits_are_let_go_before_the_next_batched_call(schedule):
+    """Nothing of the engine keeps a round's logits once its host steps are done (the round's
+    argmax cache included), so the next batched call's logits do not come on top of them."""
+    import weakref
+
+    model = load_nemotron(PROJECT_ROOT / "assets" / "models" / "tiny", dtype="float32")
+    executor = BatchedCalls(model, 3)
+    earlier, alive = [], []
+    run = executor.run
+
+    def watched(batch):
+        alive.append(sum(ref() is not None for ref in earlier))
+        logits = run(batch)
+        earlier.append(weakref.ref(logits))
+        return logits
+
+    executor.run = watched
+    settings = LTRSettings(schedule, 4, 10, (), GREEDY)
+    decoder = schedule_named(LTR_DECODERS, schedule)
+    prompts = [[5, 17, 33], [9, 4], [61, 62, 63, 7], [40, 41]]
+    requests = [Request(k, lambda m, k=k: Response(m, prompts[k], settings, None, decoder)) for k in range(4)]
+    list(decode_batched(executor, requests, 3))
+    assert len(alive) > 5 and alive == [0] * len(alive)
+    assert all(ref() is None for ref in earlier)  # nor after the batch
