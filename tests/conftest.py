@@ -113,6 +113,33 @@ def model_overrides(tmp_path_factory) -> list[str]:
     return ["model=tiny", f"model.path={path}"]
 
 
+# Hydra's default run and sweep directories (outputs/<date>/<time>, multirun/<date>/<time>): a test
+# that leaves one in the repository ran run.py without a hydra.run.dir or hydra.sweep.dir of its own.
+HYDRA_DEFAULT_DIRS = ("outputs", "multirun")
+HYDRA_DIRS_BEFORE = pytest.StashKey[set]()
+
+
+def hydra_default_dirs() -> set[str]:
+    """The run directories under the repository's outputs/ and multirun/ (two levels: date, time)."""
+    return {str(p.relative_to(PROJECT_ROOT)) for name in HYDRA_DEFAULT_DIRS for p in (PROJECT_ROOT / name).glob("*/*")}
+
+
+def pytest_sessionstart(session):
+    session.config.stash[HYDRA_DIRS_BEFORE] = hydra_default_dirs()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if hasattr(session.config, "workerinput"):  # a pytest-xdist worker: the controller checks once, at the end
+        return
+    left = sorted(hydra_default_dirs() - session.config.stash[HYDRA_DIRS_BEFORE])
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        reporter.ensure_newline()
+        reporter.write_line(f"error: the suite left Hydra run directories in the repository ({', '.join(left)}); "
+                            "give each run.py a hydra.run.dir or hydra.sweep.dir under tmp_path", red=True)  # fmt: skip
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
 @pytest.fixture
 def hub_offline(monkeypatch, tmp_path):
     """The Hugging Face libraries offline in this process. They read HF_HUB_OFFLINE when first
