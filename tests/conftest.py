@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -111,6 +114,62 @@ def model_overrides(tmp_path_factory) -> list[str]:
         return ["model=tiny"]
     path = write_random_nemotron_with_tokenizer(tmp_path_factory.mktemp("random-tiny"))
     return ["model=tiny", f"model.path={path}"]
+
+
+def pytest_addoption(parser):
+    parser.addoption("--all-references", action="store_true",
+                     help="grade every task of the code data sets with its reference solution (make test-references), "
+                          "not the fixed part of tests/tasks/test_reference_solutions.py")  # fmt: skip
+
+
+# Hydra's default run and sweep directories (outputs/<date>/<time>, multirun/<date>/<time>): a test
+# that leaves one in the repository ran run.py without a hydra.run.dir or hydra.sweep.dir of its own.
+HYDRA_DEFAULT_DIRS = ("outputs", "multirun")
+HYDRA_DIRS_BEFORE = pytest.StashKey[set]()
+
+
+def hydra_default_dirs() -> set[str]:
+    """The run directories under the repository's outputs/ and multirun/ (two levels: date, time)."""
+    return {str(p.relative_to(PROJECT_ROOT)) for name in HYDRA_DEFAULT_DIRS for p in (PROJECT_ROOT / name).glob("*/*")}
+
+
+def pytest_sessionstart(session):
+    session.config.stash[HYDRA_DIRS_BEFORE] = hydra_default_dirs()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if hasattr(session.config, "workerinput"):  # a pytest-xdist worker: the controller checks once, at the end
+        return
+    left = sorted(hydra_default_dirs() - session.config.stash[HYDRA_DIRS_BEFORE])
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        reporter.ensure_newline()
+        reporter.write_line(f"error: the suite left Hydra run directories in the repository ({', '.join(left)}); "
+                            "give each run.py a hydra.run.dir or hydra.sweep.dir under tmp_path", red=True)  # fmt: skip
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@dataclass
+class GpuDryRun:
+    report: dict  # the summary, gpu_check.json
+    unrehearsed: str  # why the run is not the empty environment's ("": it is)
+
+
+@pytest.fixture(scope="session")
+def gpu_dry_run(tmp_path_factory) -> GpuDryRun:
+    """DRY=1 scripts/gpu_check.sh once for tests/test_gpu_check.py and tests/test_gpu_rehearsal.py
+    (one xdist group): from the empty environment of the rehearsal, or with this Python when the
+    package index cannot be reached."""
+    from tests.test_gpu_check import dry_run
+    from tests.test_gpu_rehearsal import empty_environment
+
+    tmp_path = tmp_path_factory.mktemp("gpu-dry-run")
+    environment = empty_environment(tmp_path)
+    if isinstance(environment, str):
+        own = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        return GpuDryRun(dry_run(tmp_path, sys.executable, own), unrehearsed=environment)
+    python, env = environment
+    return GpuDryRun(dry_run(tmp_path, python, env), unrehearsed="")
 
 
 @pytest.fixture

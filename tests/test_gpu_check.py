@@ -2,7 +2,8 @@
 checks decide PASS and FAIL by their criteria on the numbers the steps wrote (also on what a step
 cut short left), skip the CUDA-only ones on a CPU with the reason, the sync counter counts torch's
 sync warnings and not its notice, the steps write their JSON as they measure, bad input is one
-line, and (slow) the dry run goes through on the CPU, also from an empty environment."""
+line, and (slow) the dry run goes through on the CPU, also from an empty environment (one dry run
+serves both: the fixture gpu_dry_run of tests/conftest.py)."""
 
 from __future__ import annotations
 
@@ -360,6 +361,8 @@ def dry_run(tmp_path, python: str, env: dict) -> dict:
 
 
 @pytest.mark.slow
-def test_the_dry_run_goes_through_on_the_cpu(tmp_path):
-    report = dry_run(tmp_path, sys.executable, {k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
-    assert report["steps"]["preflight"]["versions"]["transformers"] == __import__("transformers").__version__
+@pytest.mark.xdist_group("gpu-dry-run")
+def test_the_dry_run_goes_through_on_the_cpu(gpu_dry_run):
+    # the empty environment's run (tests/test_gpu_rehearsal.py) when the package index is reachable, else the
+    # project's Python: dry_run's checks hold for either
+    assert gpu_dry_run.report["steps"]["preflight"]["versions"]["transformers"] == __import__("transformers").__version__

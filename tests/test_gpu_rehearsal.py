@@ -3,7 +3,9 @@
 holds that the check imports (tests/gpu_image_packages.txt, the image's published list), and the
 wheels scripts/gpu_wheels.sh downloads; nothing else. Then `DRY=1 WHEELS=... gpu_check.sh` runs
 with that venv's Python. A missing wheel or an import of a package the image lacks fails here,
-before a GPU minute is spent. Skipped only when the package index cannot be reached."""
+before a GPU minute is spent. Skipped only when the package index cannot be reached. This dry run
+is also tests/test_gpu_check.py's (the session fixture gpu_dry_run of tests/conftest.py), so the
+suite runs the check's dry run once."""
 
 from __future__ import annotations
 
@@ -18,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from packedss.paths import PROJECT_ROOT
-from tests.test_gpu_check import dry_run
 
 # The check's imports among the image's packages, at the image's versions where they are known
 # and matter to transformers (huggingface-hub, tokenizers, safetensors); pip adds their needs.
@@ -50,12 +51,14 @@ def pip(python: str, *args: str, env: dict | None = None, timeout: int = 600) ->
     return subprocess.run([python, "-m", "pip", *args], capture_output=True, text=True, env=env, timeout=timeout)
 
 
-@pytest.mark.slow
-def test_the_check_runs_from_an_empty_environment_with_only_the_image_and_the_wheels(tmp_path):
+def empty_environment(tmp_path: Path) -> tuple[str, dict] | str:
+    """A fresh venv holding only the image's packages and torch, with the kit in tmp_path/kit:
+    (its Python, the environment that keeps pip off any index), each step checked on the way; or
+    why the package index cannot be reached."""
     probe = pip(sys.executable, "download", "-q", "--no-deps", "-d", str(tmp_path / "probe"),
                 f"hydra-core=={version('hydra-core')}", timeout=120)  # fmt: skip
     if probe.returncode:
-        pytest.skip(f"the package index is unreachable: {(probe.stderr.strip().splitlines() or ['?'])[-1]}")
+        return f"the package index is unreachable: {(probe.stderr.strip().splitlines() or ['?'])[-1]}"
     kit = tmp_path / "kit"
     made = subprocess.run(["bash", str(PROJECT_ROOT / "scripts" / "gpu_wheels.sh"), str(kit)],
                           env={**os.environ, "PY": sys.executable}, capture_output=True, text=True, timeout=600)  # fmt: skip
@@ -87,8 +90,14 @@ def test_the_check_runs_from_an_empty_environment_with_only_the_image_and_the_wh
                             capture_output=True, text=True, env=isolated, check=True)  # fmt: skip
     extra = {normalized(name) for name in json.loads(listed.stdout)} - held
     assert not extra, f"the venv holds packages the image does not: {sorted(extra)}"
+    return python, {**isolated, "WHEELS": str(kit), "SITE": str(tmp_path / "site")}
 
-    report = dry_run(tmp_path, python, {**isolated, "WHEELS": str(kit), "SITE": str(tmp_path / "site")})
-    versions = report["steps"]["preflight"]["versions"]
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("gpu-dry-run")
+def test_the_check_runs_from_an_empty_environment_with_only_the_image_and_the_wheels(gpu_dry_run):
+    if gpu_dry_run.unrehearsed:
+        pytest.skip(gpu_dry_run.unrehearsed)
+    versions = gpu_dry_run.report["steps"]["preflight"]["versions"]
     assert versions["transformers"] == version("transformers") and versions["hydra-core"] == version("hydra-core")
     assert versions["omegaconf"] == version("omegaconf")

@@ -18,12 +18,11 @@ TINY = ROOT / "assets" / "models" / "tiny"
 @pytest.mark.skipif(not (TINY / "config.json").exists(), reason="tiny model not trained yet (assets/models/tiny)")
 def test_analysis_of_tiny_model_records(tmp_path):
     records = tmp_path / "records"
-    for schedule in ("linear", "packed"):
-        subprocess.run(
-            [sys.executable, "run.py", "model=tiny", "task=arith", f"schedule={schedule}", "width=4", "limit=2",
-             "max_new_tokens=32", "device=cpu", f"out_dir={records}"],
-            cwd=ROOT, check=True, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+    subprocess.run(
+        [sys.executable, str(ROOT / "run.py"), "-m", "model=tiny", "task=arith", "schedule=linear,packed", "width=4",
+         "limit=2", "max_new_tokens=32", "device=cpu", f"out_dir={records}", f"hydra.sweep.dir={tmp_path / 'hydra'}"],
+        cwd=tmp_path, check=True, capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
     results = load_results(tmp_path, n_resamples=200)
     assert results.loaded.bad_lines == [] and len(results.loaded.frame) == 4
     table6 = TABLES[6].function(results.per_question, results.comparisons, False)

@@ -1,14 +1,21 @@
 """Every code data set graded with its own reference solutions, given as fenced model outputs:
 all of them pass; the same solutions with every function body replaced by `return None` all
-fail, and so do empty outputs (a grader that passes anything would pass those)."""
+fail, and so do empty outputs (a grader that passes anything would pass those).
+
+`make test` grades a fixed part of each data set: every task whose check takes a path of its own
+(own_path) and every SUBSET_STRIDE-th of the others. `make test-references` (pytest's
+--all-references) grades every task."""
 
 import ast
+from math import inf, nan
+from types import SimpleNamespace
 
 import pytest
+from evalplus.eval._special_oracle import MBPP_OUTPUT_NOT_NONE_TASKS
 
 from packedss.tasks import load_task, load_task_config
 from packedss.tasks import code
-from packedss.tasks.code import canonical_output
+from packedss.tasks.code import _imported_modules, canonical_output
 
 DATA_SETS = [
     # (task, config overrides, file in ../shared/data, number of tasks)
@@ -47,6 +54,56 @@ def full_solution(task_name: str, q) -> str:
     return q.reference["prompt"] + solution if task_name == "humaneval" else solution
 
 
+SUBSET_STRIDE = 8
+
+
+def holds_non_json(value) -> bool:
+    """Whether an input holds a tuple, set or complex number (MBPP+ rebuilds those from JSON per task)."""
+    if isinstance(value, (tuple, set, frozenset, complex)):
+        return True
+    if isinstance(value, list):
+        return any(map(holds_non_json, value))
+    return isinstance(value, dict) and any(map(holds_non_json, value.values()))
+
+
+def own_path(q) -> bool:
+    """Whether the grading of q takes a path most tasks do not: imports in the program (the sandbox
+    loads them before it drops privileges), MBPP's set-up code and test imports, MBPP+'s tolerance,
+    not-None oracle and inputs that JSON cannot hold."""
+    ref = q.reference
+    program = ref.get("prompt", "") + canonical_output(q) + ref.get("ground_truth", "")
+    if _imported_modules(program) or ref.get("test_setup_code") or ref.get("test_imports"):
+        return True
+    if ref.get("format") != "evalplus":
+        return False
+    inputs = [eval(ref[part], {"inf": inf, "nan": nan}) for part in ("base_input", "plus_input")]  # the loader's repr()
+    return bool(ref["atol"]) or ref["entry_point"] in MBPP_OUTPUT_NOT_NONE_TASKS or holds_non_json(inputs)
+
+
+def graded_part(questions: list, everything: bool) -> list:
+    if everything:
+        return questions
+    return [q for i, q in enumerate(questions) if i % SUBSET_STRIDE == 0 or own_path(q)]
+
+
+def test_the_part_graded_by_default_holds_every_special_path_and_a_share_of_the_rest():
+    def question(**reference):
+        return SimpleNamespace(reference=reference, metadata={"canonical_solution": "def f(x):\n    return x\n"})
+
+    plain = dict(format="evalplus", entry_point="f", ground_truth="def f(x):\n    return x\n", atol=0,
+                 base_input="[[1]]", plus_input="[[2, 'a', inf]]")  # fmt: skip
+    special = [plain | {"atol": 1e-6}, plain | {"ground_truth": "import math\n"}, plain | {"plus_input": "[[(1, 2)]]"},
+               plain | {"base_input": "[[[{1}]]]"}, plain | {"plus_input": "[[(1+2j)]]"},
+               plain | {"entry_point": sorted(MBPP_OUTPUT_NOT_NONE_TASKS)[0]},
+               {"format": "asserts", "test_setup_code": "x = 1", "test_imports": [], "test_list": []},
+               {"format": "asserts", "test_setup_code": "", "test_imports": ["import re"], "test_list": []},
+               {"prompt": "import math\n", "test": "", "entry_point": "f"}]  # fmt: skip
+    questions = [question(**plain) for _ in range(2 * SUBSET_STRIDE)] + [question(**ref) for ref in special]
+    position = {id(q): i for i, q in enumerate(questions)}
+    assert [position[id(q)] for q in graded_part(questions, everything=False)] == [0, SUBSET_STRIDE] + list(range(2 * SUBSET_STRIDE, len(questions)))
+    assert graded_part(questions, everything=True) == questions
+
+
 def test_return_none_copy():
     source = "import math\n\nclass P:\n    def f(self, x):\n        return x + 1\n\ng = lambda y: y * 2\n\ndef h(n):\n    def inner():\n        return n\n    return inner()\n"
     namespace = {}
@@ -57,25 +114,27 @@ def test_return_none_copy():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task_name, overrides, file_name, count", DATA_SETS, ids=["humaneval", "mbpp-plus", "mbpp-original"])
-def test_reference_solutions_pass_and_stubs_fail(shared_data, h, monkeypatch, task_name, overrides, file_name, count):
+def test_reference_solutions_pass_and_stubs_fail(shared_data, h, monkeypatch, request, task_name, overrides, file_name,
+                                                  count):  # fmt: skip
     h.need(shared_data, file_name)
     # this test is about inputs and outputs: on a loaded machine a reference solution's time
     # may exceed EvalPlus's per-input limit (4 x its own time, at least 1 s) by chance
     monkeypatch.setattr(code, "EVALPLUS_MIN_TIME_LIMIT_S", 20.0)
     task = load_task(load_task_config(task_name, **overrides), str(shared_data))
-    qs = task.questions()
-    assert len(qs) == count
+    every = task.questions()
+    assert len(every) == count
+    qs = graded_part(every, request.config.getoption("all_references"))
     references = [(q, fenced(canonical_output(q))) for q in qs]
     stubs = [(q, fenced(return_none_copy(full_solution(task_name, q)))) for q in qs]
     grades = task.grade_many(references + stubs)
     reference_failures = [
         (q.question_id, g.details.get("status"), g.details.get("stderr_tail", "")[-300:])
-        for (q, _), g in zip(references, grades[:count])
+        for (q, _), g in zip(references, grades[:len(qs)])
         if not g.correct
     ]
     assert reference_failures == []
-    assert [q.question_id for (q, _), g in zip(stubs, grades[count:]) if g.correct] == []
-    for q in qs:
+    assert [q.question_id for (q, _), g in zip(stubs, grades[len(qs):]) if g.correct] == []
+    for q in every:
         for empty in ("", "```python\n```\n"):
             grade = task.grade(q, empty)
             assert grade.correct is False and grade.details["status"] == "empty"
