@@ -222,6 +222,12 @@ def test_lora_adapter_errors(kind, expected, tmp_path):
 # --------------------------------------------------------------------------- signals
 
 
+def default_sigint() -> None:
+    """A shell starts a background job with SIGINT ignored, and a child inherits that; the child
+    under test must see SIGINT as a terminal's Ctrl-C delivers it, however pytest was started."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @needs_tiny
 @pytest.mark.parametrize("signum, status, message", [
     (signal.SIGINT, 130, "error: interrupted; rerun the same command to resume"),
@@ -232,7 +238,7 @@ def test_a_signal_mid_run_keeps_whole_records_and_says_how_to_resume(signum, sta
     args = ["schedule=linear", "width=4", "limit=12", "max_new_tokens=96", "warmup=false", f"out_dir={out}"]
     target, directory = None, out / "tiny" / "arith"
     process = subprocess.Popen(run_py_command(args, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                               text=True, env=offline_env(tmp_path), cwd=tmp_path)  # fmt: skip
+                               text=True, env=offline_env(tmp_path), cwd=tmp_path, preexec_fn=default_sigint)  # fmt: skip
     deadline = time.time() + 300
     while time.time() < deadline and process.poll() is None:
         target = target or (directory.is_dir() and record_file(directory, "linear-W4-T0-s0.jsonl"))
@@ -252,7 +258,8 @@ def test_a_signal_mid_run_keeps_whole_records_and_says_how_to_resume(signum, sta
 def test_a_signal_while_the_libraries_load_is_one_line_too(signum, status, tmp_path):
     out = tmp_path / "out"
     process = subprocess.Popen(run_py_command([f"out_dir={out}"], tmp_path), stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=offline_env(tmp_path), cwd=tmp_path)  # fmt: skip
+                               stderr=subprocess.PIPE, text=True, env=offline_env(tmp_path), cwd=tmp_path,
+                               preexec_fn=default_sigint)  # fmt: skip
     # Hydra's copy of the job's overrides is written just before the job imports its libraries
     # (torch's compiler, transformers: seconds), once the signal handlers are in place.
     ready, deadline = tmp_path / "hydra" / ".hydra" / "overrides.yaml", time.time() + 120
