@@ -26,6 +26,10 @@ needs_tiny = pytest.mark.skipif(not (TINY / "config.json").is_file(), reason="th
 ROWS = [{"question": "What is 1 + 1?", "answer": "1 + 1 = 2\n#### 2"}, {"question": "What is 2 + 2?", "answer": "#### 4"}]
 
 
+# the tests of one gsm8k_run stay on one xdist worker, which runs the job once
+shares_the_gsm8k_run = pytest.mark.xdist_group("gsm8k-run")
+
+
 @pytest.fixture(scope="module")
 def gsm8k_run(tmp_path_factory) -> tuple[Path, Path]:
     """(records folder, data folder) of one tiny GSM8K job run offline with data_dir."""
@@ -50,6 +54,7 @@ def _copy(gsm8k_run, tmp_path: Path) -> tuple[Path, Path]:
 # --------------------------------------------------------------------------- packedss.grade
 
 
+@shares_the_gsm8k_run
 def test_records_remember_their_data_and_regrade_offline_without_flags(gsm8k_run, tmp_path):
     path, data = _copy(gsm8k_run, tmp_path)
     assert {json.loads(line)["data_dir"] for line in path.read_text().splitlines()} == {str(data.resolve())}
@@ -58,6 +63,7 @@ def test_records_remember_their_data_and_regrade_offline_without_flags(gsm8k_run
     assert f"{path}: re-graded 2 records" in result.stdout
 
 
+@shares_the_gsm8k_run
 def test_regrading_records_whose_data_moved_names_the_data_dir_flag(gsm8k_run, tmp_path):
     path, data = _copy(gsm8k_run, tmp_path)
     for line in path.read_text().splitlines():
@@ -71,6 +77,7 @@ def test_regrading_records_whose_data_moved_names_the_data_dir_flag(gsm8k_run, t
     assert result.returncode == 0, result.stderr[-3000:]
 
 
+@shares_the_gsm8k_run
 def test_a_data_error_in_any_file_changes_none(gsm8k_run, tmp_path):
     first, data = _copy(gsm8k_run, tmp_path)
     broken = tmp_path / "broken.jsonl"

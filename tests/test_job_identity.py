@@ -62,8 +62,7 @@ def test_a_larger_limit_resumes_the_same_file(model_overrides, tmp_path):
 
 def test_float16_beside_float32_are_two_rows_not_duplicates(model_overrides, tmp_path):
     records = tmp_path / "D" / "records"
-    for dtype in ("float32", "float16"):
-        run_py([*model_overrides, "limit=2", "max_new_tokens=16", f"dtype={dtype}", f"out_dir={records}"], tmp_path)
+    run_py(["-m", *model_overrides, "limit=2", "max_new_tokens=16", "dtype=float32,float16", f"out_dir={records}"], tmp_path)
     files = _files(records)
     assert len(files) == 2
     assert analyse([str(tmp_path / "D"), "--tables", "6", "--n-resamples", "200"]) == 0
@@ -75,9 +74,8 @@ def test_float16_beside_float32_are_two_rows_not_duplicates(model_overrides, tmp
 @pytest.mark.slow
 def test_compiled_beside_eager_are_two_rows(model_overrides, tmp_path):
     records = tmp_path / "D" / "records"
-    for mode in ("none", "default"):
-        run_py([*model_overrides, "limit=2", "max_new_tokens=16", f"model.compile={mode}", f"out_dir={records}"],
-               tmp_path)  # fmt: skip
+    run_py(["-m", *model_overrides, "limit=2", "max_new_tokens=16", "model.compile=none,default", f"out_dir={records}"],
+           tmp_path)  # fmt: skip
     files = _files(records)
     assert sorted(readable_name(f) for f in files) == ["packed-W8-T0-s0-compiled-default.jsonl", "packed-W8-T0-s0.jsonl"]
     table = _table6(tmp_path / "D")

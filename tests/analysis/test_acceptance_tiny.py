@@ -15,6 +15,7 @@ from packedss.analysis.acceptance import acceptance_profiles, response_latency
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "assets" / "models" / "tiny"
 SCHEDULES = ("ar", "linear", "quadratic", "packed")
+pytestmark = pytest.mark.xdist_group("tiny-acceptance-runs")  # one xdist worker runs the module's sweep once
 
 
 @pytest.fixture(scope="module")

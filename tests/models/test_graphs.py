@@ -19,6 +19,7 @@ from packedss.models.static import StaticCalls, enable_static, end_warmup
 from packedss.paths import PROJECT_ROOT
 
 PROMPT = [5, 17, 33, 8, 91, 12, 7]
+pytestmark = pytest.mark.xdist_group("graph-model")  # one xdist worker compiles graph_model once
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,9 @@ from packedss.tasks.sandbox import privilege_drop_enabled, run_program
 
 LIMIT = 2.0
 SLACK = 3.0  # start-up, kill and clean-up on a busy 2-core machine
+# outside the sandbox; one name per test process, since tests/tasks/test_sandbox_kernel.py writes its own
+# on purpose while the other worker may run these
+EVIL_TMP = f"/tmp/packedss_sandbox_evil-{os.getpid()}.txt"
 
 
 @pytest.fixture()
@@ -49,7 +52,7 @@ HOSTILE = {
     "write_canary": "open({canary!r}, 'w').write('pwned')\n",
     "append_canary_os_open": "import os\nfd = os.open({canary!r}, os.O_WRONLY | os.O_APPEND)\n",
     "write_next_to_canary": "open({canary_dir!r} + '/evil.txt', 'w').write('x')\n",
-    "write_tmp": "open('/tmp/packedss_sandbox_evil.txt', 'w').write('x')\n",
+    "write_tmp": "open({evil_tmp!r}, 'w').write('x')\n",
     "write_parent_dir": "open('../packedss_evil.txt', 'w').write('x')\n",
     "print_100mb": "import sys\nsys.stdout.write('x' * (100 * 1024 * 1024))\n",
     "print_loop": "while True:\n    print('y' * 10000)\n",
@@ -61,7 +64,7 @@ HOSTILE = {
 
 @pytest.mark.parametrize("name", sorted(HOSTILE))
 def test_hostile_program_fails_and_harness_survives(name, canary):
-    src = HOSTILE[name].format(canary=str(canary), canary_dir=str(canary.parent))
+    src = HOSTILE[name].format(canary=str(canary), canary_dir=str(canary.parent), evil_tmp=EVIL_TMP)
     # the tests would pass if they were reached: any pass must come from the wrapper's marker
     program = src + "\nassert True\n"
     t = time.monotonic()
@@ -69,7 +72,7 @@ def test_hostile_program_fails_and_harness_survives(name, canary):
     took = time.monotonic() - t
     assert res.status != "passed", (name, res)
     assert took < LIMIT + SLACK, (name, took)
-    assert not Path("/tmp/packedss_sandbox_evil.txt").exists()
+    assert not Path(EVIL_TMP).exists()
     # the harness process is alive and can still run programs
     assert run_program("print('ok')", time_limit_s=LIMIT).passed
 
@@ -89,7 +92,7 @@ def test_os_layer_holds_without_the_python_guard(name, canary):
     probe = run_program("pass\n", time_limit_s=LIMIT)
     if not probe.sandbox["privilege_drop"] and (probe.sandbox["fs"] != "landlock" or probe.sandbox["signals"] != "landlock"):
         pytest.skip(f"neither a privilege drop nor Landlock (ABI >= 6) to test: {probe.sandbox}")
-    src = HOSTILE[name].format(canary=str(canary), canary_dir=str(canary.parent))
+    src = HOSTILE[name].format(canary=str(canary), canary_dir=str(canary.parent), evil_tmp=EVIL_TMP)
     run_program(src, time_limit_s=LIMIT, memory_limit_mb=512, guard=False)
     assert run_program("print('ok')", time_limit_s=LIMIT).passed
 

@@ -20,7 +20,7 @@ from packedss.tasks import sandbox
 from packedss.tasks.sandbox import NO_DROP_ENV, KernelLayers, missing_layers_warning, protections, run_program
 
 LIMIT = 3.0
-EVIL_TMP = "/tmp/packedss_sandbox_evil.txt"
+EVIL_TMP = f"/tmp/packedss_sandbox_evil-{os.getpid()}.txt"  # one per test process (xdist workers)
 # When the guard ran, import fresh copies: builtin modules re-initialise from their original
 # function table, which brings back everything the guard set to None. Without the guard the
 # modules imported before the sandbox closed are used as they are (the program's imports are
