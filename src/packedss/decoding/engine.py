@@ -220,14 +220,13 @@ class _Engine:
         charged = elapsed if executor.charged_s is None else executor.charged_s
         self.excluded += elapsed - charged
         ended = self.mark = self.now()
-        requests, read = len(entries), 0
+        requests, read, call_stats = len(entries), 0, executor.call_stats
         for slot, entry in zip(slots, entries):
-            count = entry.rows - entry.read_from
+            rows = entry.rows
+            count = rows - entry.read_from
             own = Rows(logits, read, read + count) if slot.rows else logits[read : read + count]
             read += count
-            meter = slot.meter
-            meter.count(entry.rows, entry.layout.useful, executor.call_stats(entry.slot), requests, start)
-            meter.call_model_s.append(charged * entry.rows / start)
+            slot.meter.share(rows, entry.layout.useful, call_stats(entry.slot), requests, start, charged * rows / start)
             if slot.first_call_start is None:
                 slot.first_call_start = started
             slot.last_call_end = ended

@@ -108,8 +108,8 @@ class Meter:
     model is always timed on the host ("sync").
 
     In a batch (packedss.decoding.engine) the engine runs the calls: it counts each request's share
-    of each batched call here (`count`, `call_model_s`), with the requests and rows of the whole
-    call (BATCH_STATS), and sets the response's times when it ends."""
+    of each batched call here (`share`), with the requests and rows of the whole call
+    (BATCH_STATS), and sets the response's times when it ends."""
 
     def __init__(self, model: CallModel, timing: str = "sync"):
         if timing not in TIMINGS:
@@ -148,17 +148,20 @@ class Meter:
                 elapsed = self.model.charged_s
             self.call_model_s.append(elapsed)
             self._last_end = time.perf_counter() - self.excluded_s
-        self.count(call.rows, call.rows_useful, self.model.call_stats)
+        self.share(call.rows, call.rows_useful, self.model.call_stats, 1, call.rows)
         return logits
 
-    def count(self, rows: int, useful: int, stats: dict, requests: int = 1, batch_rows: int | None = None) -> None:
+    def share(self, rows: int, useful: int, stats: dict, requests: int, batch_rows: int, model_s: float | None = None) -> None:
         """Count a call of `rows` rows (`useful` of them not padding) and the model's statistics of
-        it; in a batch, of `requests` requests and `batch_rows` rows in all (or the model's own
-        `call_batch_rows`, a padded pass's)."""
+        it, the call one of `requests` requests with `batch_rows` rows in all (or the model's own
+        `call_batch_rows`, a padded pass's); in a batch also the response's share of its model
+        time, `model_s`."""
         self.rows_evaluated.append(rows)
         self.rows_useful.append(useful)
         self.call_requests.append(requests)
-        self.call_batch_rows.append(stats.get("call_batch_rows", rows if batch_rows is None else batch_rows))
+        self.call_batch_rows.append(stats.get("call_batch_rows", batch_rows))
+        if model_s is not None:
+            self.call_model_s.append(model_s)
         for name, value in stats.items():
             if name not in BATCH_STATS:
                 self.call_stats.setdefault(name, []).append(value)
