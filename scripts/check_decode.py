@@ -11,7 +11,7 @@ iteration and the divergence audit.
    (item, tolist, ...) are counted as the tests do. PASS: greedy at most iterations + 2 syncs
    per response (the prefill's first token, one per iteration, the near-ties' read-back at the
    end), T > 0 at most 2 x iterations + 2. The prompt's upload adds none: on CUDA it is copied
-   from pinned memory with non_blocking=True (packedss.decoding.verify.upload), a copy the sync
+   from pinned memory with non_blocking=True (packedss.decoding.rows.uploaded), a copy the sync
    debug mode does not flag and that does not block the host, so the bound has no term for it.
 2. Audit: AR and every lossless LTR schedule at each --widths decode the first --limit arith
    questions in --dtype; each output is classed against AR's (packedss.analysis.audit). PASS: no

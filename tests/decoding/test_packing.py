@@ -136,3 +136,30 @@ def test_next_packed_draft_equals_a_separate_draft_call_on_the_same_prefix(tiny_
     # Both a correction right after the anchor and accepted drafts occur, so the dropped prefix
     # of the proposals varies.
     assert 1 in accepted_counts and max(accepted_counts) > 1
+
+
+def _same_call(fast, slow):
+    assert torch.equal(fast.tokens, slow.tokens) and torch.equal(fast.positions, slow.positions)
+    assert torch.equal(fast.roles, slow.roles) and torch.equal(fast.attend, slow.attend)
+    assert (fast.useful, fast.drafts, fast.read_from, fast.rule) == (slow.useful, slow.drafts, slow.read_from, slow.rule)
+
+
+@pytest.mark.parametrize("width", [1, 4])
+def test_the_prefill_calls_are_the_calls_pack_makes_of_their_segments(width):
+    """The schedules build a prefill in a fixed number of tensor operations (its shape is the
+    prompt's); it must be the call that packing its segments gives."""
+    length, mask = len(PROMPT), 99
+    masks = torch.full((width,), mask, dtype=torch.long)
+    prompt_only = pack([causal_segment(PROMPT, 0)], read_from=length - 1)
+    _same_call(schedules_module._prefill_call(PROMPT), prompt_only)
+    # Quadratic-SS: W masks at L..L+W-1 that see the whole prompt
+    quadratic = pack([causal_segment(PROMPT, 0), block_segment(masks, length)],
+                     sees={(1, 0): torch.ones(width, length, dtype=torch.bool)}, read_from=length - 1)  # fmt: skip
+    _same_call(schedules_module._prefill_call(PROMPT, [masks], at=length, sees=length), quadratic)
+    # Packed-SS: the block [x_{L-1}@L-1, MASK@L..] sees the prompt before its anchor
+    sees_prompt = torch.ones(width + 1, length, dtype=torch.bool)
+    sees_prompt[:, -1] = False
+    packed = pack([causal_segment(PROMPT, 0), draft_block(PROMPT[-1], length - 1, width, mask)],
+                  sees={(1, 0): sees_prompt}, read_from=length - 1)  # fmt: skip
+    fast = schedules_module._prefill_call(PROMPT, [PROMPT[-1:], masks], at=length - 1, sees=length - 1)
+    _same_call(fast, packed)

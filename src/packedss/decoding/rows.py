@@ -58,7 +58,8 @@ def _gathered(shifts: list[int], counts: list[int], total: int, device: torch.de
 
 def uploaded(values: list[int], device: torch.device) -> torch.Tensor:
     """Host integers as a long tensor on `device` (through an array: a third of what `torch.tensor`
-    of a list costs); on CUDA from pinned memory, without waiting for the device."""
+    of a list costs). On CUDA the copy is from pinned memory and does not block: a pageable copy
+    waits for the device, a host sync that scripts/check_decode.py would count in every response."""
     host = torch.frombuffer(array.array("q", values), dtype=torch.long) if values else torch.zeros(0, dtype=torch.long)
     if device.type == "cuda":
         return host.pin_memory().to(device, non_blocking=True)

@@ -28,8 +28,9 @@ from packedss.decoding.calls import (
     pad_segment,
 )
 from packedss.decoding.driver import Decoder, Host, LTRSettings, Steps, drive, proposals_ahead, schedule_named
+from packedss.decoding.rows import uploaded
 from packedss.decoding.trace import Decoded, StopCheck
-from packedss.decoding.verify import first_token, last_token, propose, upload, verify
+from packedss.decoding.verify import first_token, last_token, propose, verify
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,7 @@ class _LTRDecoder(Decoder):
 
     def __init__(self, model: CallModel, prompt: Sequence[int], settings: LTRSettings, stop_check: StopCheck | None):
         super().__init__(model, prompt, settings, stop_check)
-        self.prompt_ids = upload(self.prompt, model.device)
+        self.prompt_ids = uploaded(list(self.prompt), model.device)
         self.position = len(self.prompt)
 
     def emit(self, tokens: list[int]) -> bool:

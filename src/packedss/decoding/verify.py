@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 import torch
 
-from packedss.decoding.rows import Rows, concatenated, uploaded
+from packedss.decoding.rows import Rows, concatenated
 
 VERIFY_RULES = ("rejection", "match")  # the rules a run can choose at T > 0
 GREEDY = "greedy"  # the rule recorded at T = 0, where both rules reduce to exact match
@@ -93,13 +93,6 @@ class Emitted(list):
         super().__init__(tokens)
         self.last = last
         self.deciding = deciding
-
-
-def upload(ids: list[int], device: torch.device) -> torch.Tensor:
-    """`ids` as a long tensor on `device`. On CUDA the copy is from pinned memory and does not
-    block: a pageable host-to-device copy waits for the device, a host sync that the sync count
-    (scripts/check_decode.py) would see in every response."""
-    return uploaded(list(ids), device)
 
 
 def last_token(emitted: list[int], device: torch.device) -> torch.Tensor:
