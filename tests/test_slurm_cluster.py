@@ -256,8 +256,14 @@ def attempts(records: list[dict]) -> list[int]:
     return [record["slurm"]["restart_count"] for record in records]
 
 
+def job_logs(run: dict) -> str:
+    """The tails of the sweep's job logs (submitit's, one pair per job run), to say why a job failed."""
+    logs = sorted(Path(run["folder"]).glob("multirun/.submitit/*/*_log.*"))
+    return "".join(f"\n--- {path.name}:\n{path.read_text(errors='replace')[-1500:]}" for path in logs)
+
+
 def assert_completed(run: dict) -> None:
-    assert "error" not in run and run["status"] == 0, run.get("error", "") + run["stderr"][-3000:]
+    assert "error" not in run and run["status"] == 0, run.get("error", "") + run["stderr"][-3000:] + job_logs(run)
 
 
 def test_a_sweep_through_slurm_writes_the_records_of_the_local_run(slurm_runs):

@@ -142,3 +142,18 @@ def test_figure3_keeps_apart_runs_of_one_setting_that_differ_in_their_config(tmp
     settings = set(figure.data["setting"])
     assert len(settings) == 2 and all("dtype=" in setting for setting in settings), settings
     assert not figure.data.duplicated(["setting", "schedule", "metric"]).any()
+
+
+def test_every_csv_the_analysis_writes_names_the_regime(twin_results, tmp_path):
+    regime = f"eager, float32, 1 thread, cpu, cost:{TWIN}"
+    for path in [twin_results / "tables" / "table6.csv", twin_results / "figures" / "figure3.csv"]:
+        with open(path, newline="") as handle:
+            rows = list(csv.DictReader(handle))
+        assert rows and {row["measured_in"] for row in rows} == {regime}, path
+    # two regimes: both named, in the order of the note
+    mixed = _folder(tmp_path / "mixed")
+    write_records(mixed / "records" / "twin", [make_record(schedule=s, question=q, cost_model=TWIN) for s in SCHEDULES for q in range(6)])
+    analyse(mixed, tables=[6], figures=[], n_resamples=50)
+    with open(mixed / "tables" / "table6.csv", newline="") as handle:
+        values = {row["measured_in"] for row in csv.DictReader(handle)}
+    assert values == {f"eager, float32, 1 thread, cpu | {regime}"}

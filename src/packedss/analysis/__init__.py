@@ -122,7 +122,7 @@ def analyse(
     from packedss.analysis.acceptance_tables import acceptance_table, latency_table
     from packedss.analysis.figures import ACCEPTANCE_FIGURES, FIGURE_SUFFIXES, FIGURES, make_figure, write_figure
     from packedss.analysis.measured_tables import runs_table
-    from packedss.analysis.metrics import regime_note
+    from packedss.analysis.metrics import regime_labels, regime_note
     from packedss.analysis.render import TABLE_SUFFIXES, write_table
     from packedss.analysis.tables import ACCEPTANCE, CONCURRENCY, TABLES
 
@@ -145,10 +145,13 @@ def analyse(
     if concurrency.FIGURE in figure_keys:
         concurrency.check(records, responses, "figure")
     regime = regime_note(records)
+    # The CSVs' own regime column: how the analysed runs were measured (the notes' labels).
+    measured_in = " | ".join(regime_labels(records))
 
     def write(table) -> None:
         if table.measured:
             table.notes.append(regime)
+            table.data = table.data.assign(measured_in=measured_in)
         if table.measured or tables is not None:  # asked for by name, written with its note
             results.written += write_table(table, out / "tables")
         else:
@@ -185,5 +188,6 @@ def analyse(
             results.removed += remove_earlier_files(out / "figures", f"figure{number}", FIGURE_SUFFIXES)
             plt.close(figure.figure)
         else:
+            figure.data = figure.data.assign(measured_in=measured_in)
             results.written += write_figure(figure, out / "figures")
     return results

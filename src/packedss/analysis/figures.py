@@ -36,13 +36,12 @@ from packedss.analysis.concurrency import FIGURE as CONCURRENCY_FIGURE  # noqa: 
 from packedss.analysis.concurrency_figures import figure_c1  # noqa: E402
 from packedss.analysis.metrics import (  # noqa: E402
     MODEL_SHORT,
-    REGIME_FIELDS,
     block_of,
     family_orders,
     family_rank,
     model_label,
     order_rank,
-    regime_label,
+    regime_labels,
     schedule_colour,
     schedule_label,
     schedule_rank,
@@ -75,7 +74,7 @@ def _setting(p: Pairing) -> str:
 def regime_line(frame: pd.DataFrame) -> str:
     """What the figure's runs were measured in, as Figure C1 names it: 'eager, float32, 1 thread,
     cpu[, cost:<twin>]' (each regime, when they differ) and the widths of its speculative runs."""
-    regimes = sorted({regime_label(row) for _, row in frame[list(REGIME_FIELDS)].drop_duplicates().iterrows()})
+    regimes = regime_labels(frame)
     widths = sorted({int(w) for w in frame["width"].unique() if w})
     return f"{' | '.join(regimes)}; W = {', '.join(map(str, widths)) or '-'}"
 

@@ -297,9 +297,14 @@ def regime_label(row: pd.Series) -> str:
     return ", ".join(parts)
 
 
+def regime_labels(frame: pd.DataFrame) -> list[str]:
+    """The regime labels of the runs in `frame`, each once, sorted."""
+    return sorted({regime_label(row) for _, row in frame[list(REGIME_FIELDS)].drop_duplicates().iterrows()})
+
+
 def regime_note(frame: pd.DataFrame) -> str:
     """The note under every written table: how the runs of these records were measured."""
-    regimes = sorted({regime_label(row) for _, row in frame[list(REGIME_FIELDS)].drop_duplicates().iterrows()})
+    regimes = regime_labels(frame)
     if len(regimes) == 1:
         return f"Measured in: {regimes[0]} (every run of these records)."
     return f"Measured in: {' | '.join(regimes)} (the runs of these records differ in how they were measured)."
