@@ -17,7 +17,7 @@ from packedss.paths import PROJECT_ROOT
 from tests.decoding.test_syncs import counting_read_backs
 
 
-@pytest.mark.parametrize("vocabulary", [1024, 96, 100, 8])
+@pytest.mark.parametrize("vocabulary", [1024, 192, 128, 96, 100, 8])
 def test_the_two_pass_argmax_and_top2_equal_torchs_with_ties(vocabulary):
     generator = torch.Generator().manual_seed(vocabulary)
     for trial in range(60):
