@@ -134,7 +134,7 @@ def _first_tokens(args: Sequence[tuple], device: torch.device) -> tuple[torch.Te
     requests = len(args)
 
     def finish(values: list[int]) -> list:
-        return [Emitted([values[k]], Rows(tokens, k, k + 1), DecidedMargins(Rows(margin, k, k + 1), values[requests + k :][:1]))
+        return [Emitted([values[k]], Rows(tokens, k, k + 1), DecidedMargins(Rows(margin, k, k + 1), values[requests + k : requests + k + 1]))
                 for k in range(requests)]  # fmt: skip
 
     return torch.cat([tokens, near]), finish
