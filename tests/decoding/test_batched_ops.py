@@ -1,5 +1,6 @@
 """The batched host steps (packedss.decoding.batched_ops) give what the plain functions give each
-request: the two-pass argmax and top-2 equal torch's on rows with ties; a round reads back once."""
+request: the two-pass argmax and top-2 equal torch's on rows with ties; a round reads back once;
+the near-tie threshold is frexp's."""
 
 from __future__ import annotations
 
