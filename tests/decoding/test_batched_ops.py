@@ -1,5 +1,6 @@
 """The batched host steps (packedss.decoding.batched_ops) give what the plain functions give each
-request: the two-pass argmax and top-2 equal torch's on rows with ties; a round reads back once."""
+request: the two-pass argmax and top-2 equal torch's on rows with ties; a round reads back once;
+the near-tie threshold is frexp's."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from packedss.decoding import LTRSettings, Sampling
+from packedss.decoding import verify
 from packedss.decoding.batched_ops import _Greedy
 from packedss.decoding.driver import Response, schedule_named
 from packedss.decoding.engine import Request, decode_batched
@@ -17,7 +19,7 @@ from packedss.paths import PROJECT_ROOT
 from tests.decoding.test_syncs import counting_read_backs
 
 
-@pytest.mark.parametrize("vocabulary", [1024, 96, 100, 8])
+@pytest.mark.parametrize("vocabulary", [1024, 192, 128, 96, 100, 8])
 def test_the_two_pass_argmax_and_top2_equal_torchs_with_ties(vocabulary):
     generator = torch.Generator().manual_seed(vocabulary)
     for trial in range(60):
@@ -56,3 +58,19 @@ def test_a_greedy_round_reads_back_once(schedule, monkeypatch):
         finished = list(decode_batched(executor, requests(), 4))
     assert len(counts) <= len(calls) + len(finished), (counts, calls)
     assert sum(calls) > 2 * len(calls)  # the rounds did carry several requests
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_the_threshold_is_ulps_at_the_top_logits_magnitude(dtype):
+    """NEAR_TIE_ULPS units in the last place of `dtype` at 2^e, the largest power of 2 not above
+    the top logit's magnitude (at least 1): frexp's exponent, for every finite value; and a top of
+    +-inf or NaN, whose margins are inf or NaN, is never a near-tie."""
+    top = torch.cat([torch.randn(20000, generator=torch.Generator().manual_seed(0)) * 300,
+                     torch.tensor([0.0, -0.0, 1.0, -1.0, 2.0, 1.9999999, 2.0000002, 0.5, 3e38, -3e38, 1e-30])])  # fmt: skip
+    _, exponent = torch.frexp(top.abs().clamp(min=1.0))  # top = m * 2^exponent, m in [0.5, 1)
+    expected = verify.NEAR_TIE_ULPS * torch.finfo(dtype).eps * torch.exp2((exponent - 1).float())
+    assert torch.equal(verify.near_tie_threshold(top, dtype), expected)
+    inf, nan = float("inf"), float("nan")
+    tops = torch.tensor([[inf, 3.0], [inf, inf], [-inf, -inf], [nan, 3.0], [nan, nan]])  # a row's top two
+    margins = tops[:, 0] - tops[:, 1]
+    assert not (margins <= verify.near_tie_threshold(tops[:, 0], dtype)).any()

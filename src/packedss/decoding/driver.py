@@ -224,9 +224,9 @@ class FrozenHeap:
     """`with FrozenHeap():` around a decode. While decodes run, Python's cyclic garbage collector
     leaves alone the objects that existed before the first of them began (gc.freeze: the model,
     the tokenizer, the libraries' modules, half a million objects on tiny). A full collection then
-    walks only what the decodes made, in well under a millisecond, instead of the whole heap (a
-    pause of a few hundred milliseconds, which fell inside one round). The heap is unfrozen when
-    the last decode ends."""
+    walks only what the decodes made instead of the whole heap (a pause of a few hundred
+    milliseconds, inside whichever round it came in). The heap is unfrozen when the last decode
+    ends (docs/concurrency.md §2)."""
 
     running = 0  # decodes in progress
 

@@ -152,8 +152,11 @@ def near_tie_threshold(top: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """NEAR_TIE_ULPS units in the last place of `dtype` at the magnitude of the top logits `top`
     (at least at magnitude 1): bf16 about 0.06 at a logit of 1 and 0.5 at 10, float16 1/128 and
     1/16, float32 1e-6 and 8e-6."""
-    _, exponent = torch.frexp(top.float().abs().clamp(min=1.0))  # top = m * 2^exponent, m in [0.5, 1)
-    return NEAR_TIE_ULPS * torch.finfo(dtype).eps * torch.exp2((exponent - 1).float())
+    # The largest power of 2 not above |top|, its float32 mantissa cleared (+-inf counts as the
+    # largest finite float32; NaN gives inf, against which a NaN margin is never a near-tie).
+    magnitude = top.float().abs().clamp(min=1.0, max=torch.finfo(torch.float32).max)
+    power = (magnitude.view(torch.int32) & 0x7F800000).view(torch.float32)
+    return NEAR_TIE_ULPS * torch.finfo(dtype).eps * power
 
 
 class DecidedMargins(NamedTuple):
