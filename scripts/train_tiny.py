@@ -1,15 +1,17 @@
 #!/usr/bin/env python
-"""Train the shipped tiny dual-mode model (`tiny`), its proposal-only LoRA (`tiny-lora`), or the
-any-order model (`tiny-set`).
+"""Train the shipped tiny dual-mode model (`tiny`), its proposal-only LoRA (`tiny-lora`), the
+any-order model (`tiny-set`) or the block-diffusion model (`tiny-sdar`).
 
 The training code lives in packedss.training (corpus and tokenizer, the training sequences,
-the loop, both families); this is its command line. The training sequences are built as
+the loop, the families); this is its command line. The training sequences are built as
 decoding calls with the decoding core's builders, so training and decoding share one attention
-rule (packedss.training.layouts describes both layouts).
+rule (packedss.training.layouts describes the layouts).
 
     python scripts/train_tiny.py                       # tiny -> assets/models/tiny
     python scripts/train_tiny.py --lora                # tiny-lora -> assets/models/tiny-lora
     python scripts/train_tiny.py --family setdlm       # tiny-set -> assets/models/tiny-set
+    python scripts/train_tiny.py --family sdar --init-from assets/models/tiny-set
+                                                       # tiny-sdar -> assets/models/tiny-sdar
 
 Deterministic from --seed for a fixed --steps (the wall-clock cap --max-minutes only stops a
 run early; the model card records the steps actually run). Checkpoints are written every
@@ -33,9 +35,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 from packedss.paths import PROJECT_ROOT  # noqa: E402
-from packedss.training import TrainConfig, train_nemotron, train_proposal_lora, train_setdlm  # noqa: E402
+from packedss.training import TrainConfig, train_nemotron, train_proposal_lora, train_sdar, train_setdlm  # noqa: E402
 
-DEFAULT_STEPS = {"nemotron": 3800, "setdlm": 2800}
+DEFAULT_STEPS = {"nemotron": 3800, "setdlm": 2800, "sdar": 3000}
 DEFAULTS = TrainConfig()
 
 
@@ -51,17 +53,23 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--lora", action="store_true", help="train the proposal LoRA on top of --base")
     ap.add_argument(
         "--family", choices=tuple(DEFAULT_STEPS), default="nemotron",
-        help="nemotron: tiny (dual-mode, Nemotron layout); setdlm: tiny-set (SetDLM layout, set objective)",
+        help="nemotron: tiny (dual-mode, Nemotron layout); setdlm: tiny-set (SetDLM layout, set objective); "
+        "sdar: tiny-sdar (SDAR layout, block diffusion)",
     )  # fmt: skip
-    ap.add_argument("--out", default=None, help="output directory (default assets/models/tiny, tiny-lora or tiny-set)")
+    ap.add_argument(
+        "--out", default=None, help="output directory (default assets/models/tiny, tiny-lora, tiny-set or tiny-sdar)"
+    )
     ap.add_argument("--base", default=None, help="--lora: the base checkpoint (default assets/models/tiny)")
-    ap.add_argument("--init-from", default=None, help="continue training this checkpoint instead of a fresh model")
+    ap.add_argument(
+        "--init-from", default=None,
+        help="start from this checkpoint instead of a fresh model (nemotron: a tiny checkpoint; sdar: a tiny-set one)",
+    )  # fmt: skip
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument(
         "--data-dir", default=os.environ.get("PACKEDSS_DATA_DIR", str(PROJECT_ROOT.parent / "shared" / "data")),
         help="directory with gsm8k_train.jsonl (left out when the directory is absent)",
     )  # fmt: skip
-    ap.add_argument("--steps", type=int, default=None, help="default 3800 (nemotron), 2800 (setdlm)")
+    ap.add_argument("--steps", type=int, default=None, help="default 3800 (nemotron), 2800 (setdlm), 3000 (sdar)")
     setting("--seed")
     setting("--arith-n")
     setting("--code-bytes")
@@ -94,6 +102,8 @@ def parser() -> argparse.ArgumentParser:
         "reproduces a run the wall-clock cap stopped, without the clock",
     )
     setting("--set-eos-tail", text="--family setdlm: up to this many EOS after the answer")
+    setting("--sdar-ar", text="--family sdar: share of batches with block size 1 (the AR mode)")
+    setting("--sdar-block", text="--family sdar: the block size of the other batches (config.json block_size)")
     setting("--lora-steps")
     setting("--lora-lr")
     setting("--lora-rank")
@@ -122,6 +132,8 @@ def main(argv=None) -> None:
     if args.lora:
         base = Path(args.base or PROJECT_ROOT / "assets/models/tiny")
         train_proposal_lora(config, base, Path(args.out or PROJECT_ROOT / "assets/models/tiny-lora"), shown(base))
+    elif args.family == "sdar":
+        train_sdar(config, Path(args.out or PROJECT_ROOT / "assets/models/tiny-sdar"), args.init_from)
     elif args.family == "setdlm":
         train_setdlm(config, Path(args.out or PROJECT_ROOT / "assets/models/tiny-set"))
     else:

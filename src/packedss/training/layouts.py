@@ -248,3 +248,57 @@ def collate(sequences: Sequence[TrainingSequence], pad_id: int, dtype: torch.dty
         draft_targets=torch.stack([padded(s.draft_targets) for s in sequences]),
         draft_rows=torch.stack([c.roles == int(Role.DRAFT) for c in calls]),
     )
+
+
+# --------------------------------------------------------------------------- SDAR layout
+
+
+def sdar_layout(
+    ids: Sequence[int], start: int, rng: random.Random, mask_id: int, block: int, eps: float = 1e-3, tries: int = 10
+) -> tuple[TrainingSequence, torch.Tensor]:
+    """SDAR's training sequence (JetAstra/SDAR: `block_diff_mask`, `forward_add_noise_packed`) of
+    the clean sequence x_0 = `ids` whose answer starts at `start` (a code chunk, start 0, is all
+    answer), for block size `block`: one call of 2n rows [x_t | x_0] at positions
+    [0..n-1, 0..n-1].
+
+    x_t is x_0 with each answer token (never a prompt token) replaced by `mask_id` with
+    probability p = (1 - eps) * t + eps, t ~ U(0, 1) once per sequence; a draw that masks nothing
+    is redrawn (`tries` times), then one answer token is masked. With blk = position // block:
+    an x_t row sees the x_t rows of its block (bidirectional) and the x_0 rows of the blocks
+    before it; an x_0 row sees the x_0 rows of its block and of the blocks before it
+    (block-causal); x_0 never sees x_t. A mask row at position i predicts x_0's token at i. With
+    block 1 the mask row at i sees the clean tokens < i and itself: the model's AR mode.
+
+    Returns the sequence (draft_targets: x_0's token at the masked x_t rows, IGNORE elsewhere;
+    no AR targets) and the (2n,) per-row loss weights, 1/p at the masked rows and 0 elsewhere.
+    """
+    length = len(ids)
+    answer = list(range(start, length))
+    if not answer:
+        raise ValueError(f"an SDAR training sequence needs answer tokens (start {start}, length {length})")
+    p = (1 - eps) * rng.random() + eps
+    masked: list[int] = []
+    for _ in range(tries):
+        masked = [i for i in answer if rng.random() < p]
+        if masked:
+            break
+    else:
+        masked = [rng.choice(answer)]
+    clean = torch.tensor(list(ids), dtype=torch.long)
+    noisy = clean.clone()
+    noisy[masked] = mask_id
+    blocks = torch.arange(length) // block
+    same_block = blocks[:, None] == blocks[None, :]
+    earlier_block = blocks[:, None] > blocks[None, :]
+    positions = torch.arange(length)
+    halves = [
+        Segment(noisy, positions, torch.full((length,), int(Role.DRAFT), dtype=torch.uint8), same_block, 0, length),
+        Segment(clean, positions.clone(), torch.full((length,), int(Role.VERIFY), dtype=torch.uint8),
+                same_block | earlier_block, 0, 0),  # fmt: skip
+    ]
+    call = pack(halves, {(0, 1): earlier_block})
+    targets = torch.full((2 * length,), IGNORE, dtype=torch.long)
+    targets[masked] = clean[masked]
+    weights = torch.zeros(2 * length)
+    weights[masked] = 1.0 / p
+    return TrainingSequence(call, torch.full((2 * length,), IGNORE, dtype=torch.long), targets), weights

@@ -56,6 +56,8 @@ class TrainConfig:
     set_local: float = 0.2  # setdlm: share of block-local permutations
     stop_after: int = 0  # stop after this many steps of the `steps` schedule (0: run it all)
     set_eos_tail: int = 8  # setdlm: up to this many EOS after the answer
+    sdar_ar: float = 0.4  # sdar: share of batches with block size 1 (the AR mode)
+    sdar_block: int = 4  # sdar: the block size of the other batches (config.json block_size)
     lora_steps: int = 400
     lora_lr: float = 2e-3
     lora_rank: int = 8
