@@ -13,6 +13,7 @@ from packedss.decoding import (
     ANYORDER_DECODERS,
     LTR_DECODERS,
     ORDERS,
+    SDAR_DECODERS,
     AnyOrderSettings,
     CallModel,
     DecodeSettings,
@@ -128,6 +129,19 @@ def _setdlm_settings(schedule: str, options: Mapping, max_block: int | None) -> 
     return fields
 
 
+def _load_sdar(path: Path, device, dtype: str) -> CallModel:
+    from packedss.models.sdar import load_sdar
+
+    return load_sdar(path, device=device, dtype=dtype)
+
+
+def _sdar_backbone(path: Path):
+    from packedss.models.checkpoint import read_config
+    from packedss.models.sdar import qwen3_config
+
+    return qwen3_config(read_config(path, f"SDAR checkpoint {path}"))
+
+
 def _nemotron_block(config: dict) -> int | None:
     value = config.get("block_size")
     return int(value) if value is not None else None
@@ -165,6 +179,23 @@ register_family(
         load_adapter=_load_setdlm,
         max_block=_setdlm_window,
         backbone_config=_setdlm_backbone,
+    )
+)
+
+# SDAR: B = W + 1 is the block of every schedule (the draft block of Linear-/Packed-SS, the aligned
+# block of sdar-native and s2d2; W = 3 is the release's block of 4). config.json's block_size is
+# the training block, not a limit: the release decodes other block lengths on the same weights.
+register_family(
+    Family(
+        name="sdar",
+        decoders=SDAR_DECODERS,
+        orders=(),
+        block_of_width=lambda width: width + 1,
+        settings_type=LTRSettings,
+        settings_fields=lambda schedule, options, max_block: {"pad_verify": bool(options.get("pad_verify", True))},
+        load_adapter=_load_sdar,
+        max_block=lambda config: None,
+        backbone_config=_sdar_backbone,
     )
 )
 

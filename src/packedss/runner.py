@@ -88,10 +88,11 @@ class JobResources:
     slots: int  # responses decoded together: C, or fewer when the job has fewer
 
     def settings(self, question_id: str, sample: int) -> DecodeSettings:
-        """One response's decode settings: the job's, with its own seeded generator at T > 0."""
+        """One response's decode settings: the job's, with its own seeded generator at T > 0 (and for
+        a schedule that draws at T = 0)."""
         job, spec = self.job, self.job.identity
         generator = None
-        if spec.temperature > 0:
+        if spec.temperature > 0 or job.family.schedule(spec.schedule).draws_at_greedy:
             generator = torch.Generator(device=job.device).manual_seed(question_seed(spec.seed, question_id, sample))
         fields = {
             "schedule": spec.schedule,

@@ -1,6 +1,7 @@
 """Pure decoding logic: calls, schedules, verification (no I/O, no model classes)."""
 
 from packedss.decoding.anyorder import ANYORDER_DECODERS, ANYORDER_SCHEDULES, decode_anyorder
+from packedss.decoding.blockdiff import SDAR_DECODERS
 from packedss.decoding.calls import Call, CallModel, Role
 from packedss.decoding.driver import ORDERS, AnyOrderSettings, Decoder, DecodeSettings, LTRSettings, drive, schedule_named
 from packedss.decoding.schedules import LTR_DECODERS, LTR_SCHEDULES, decode_ltr
@@ -22,6 +23,7 @@ __all__ = [
     "LTR_SCHEDULES",
     "ORDERS",
     "Role",
+    "SDAR_DECODERS",
     "Sampling",
     "StopCheck",
     "VERIFY_RULES",

@@ -124,6 +124,7 @@ class Decoder(ABC):
     uses_width: ClassVar[bool] = True  # False: decodes the same response at every W (LTR AR)
     lossy: ClassVar[bool] = False  # not meant to equal the AR output (native decoding)
     reads_pad_verify: ClassVar[bool] = False  # its calls change with the settings' pad_verify
+    draws_at_greedy: ClassVar[bool] = False  # draws random numbers at T = 0 too (S2D2's acceptance test)
     rows_formula: ClassVar[str] = ""  # the paper's rows per iteration (Table 2); "" where it gives none
     # Its host work is Host steps on logits it only slices: in a batch it gets Rows (rows.py), not tensors.
     batched_steps: ClassVar[bool] = False

@@ -1,0 +1,449 @@
+"""The SDAR family's schedules (docs/schedules.md §16): a block-diffusion model whose mask rows
+predict their own position, and whose AR mode is block size 1 (a mask at i that sees the clean
+tokens before it predicts the token at i).
+
+- `ar`, `linear`, `packed`: the LTR schedules with SDAR's verifier. A clean row predicts nothing,
+  so every verification adds query rows: for m drafts, the causal rows [last@n, d_1..d_m] and the
+  m+1 queries MASK@n+1..n+m+1, query j seeing clean rows 0..j and itself (the verify half of
+  S2D2's 2L call). The drafter is the LTR draft block [last@n, MASK@n+1..n+W], so B = W + 1.
+  Lossless: they emit what `ar` emits.
+- `sdar-native`: the release's block diffusion (JetAstra/SDAR generate.py): aligned blocks of B
+  tokens, low-confidence dynamic remasking at 0.85 in B steps, a commit call per block.
+- `s2d2`: S2D2's self-speculation (phymhan/S2D2 SDAR/generate_ssd_policy.py) with AR-like caching:
+  draft calls, 2B-row verify calls of the first masked span with its rejection rule, and the
+  score-threshold routing policy. Lossy.
+Every iteration of every schedule here is a fixed number of calls; `sdar-native` and `s2d2` make
+one call per iteration, whichever kind it is (`call_kinds` in the record).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+
+import torch
+
+from packedss.decoding.calls import (
+    Call,
+    CallModel,
+    Layout,
+    Planned,
+    Role,
+    Rule,
+    Segment,
+    block_segment,
+    causal_segment,
+    draft_block,
+    layout_of,
+    pack,
+    pad_segment,
+)
+from packedss.decoding.driver import Decoder, Host, LTRSettings, Steps, proposals_ahead
+from packedss.decoding.rows import uploaded
+from packedss.decoding.schedules import _AR, _Linear, _mask_tokens, _Packed, _Shape, _shape
+from packedss.decoding.trace import StopCheck
+from packedss.decoding.verify import probabilities, propose, sample_tokens, verify
+
+
+def _queries(count: int, mask_token_id: int, first_position: int, device: torch.device) -> Segment:
+    """`count` query rows MASK@first.. (role VERIFY: they are the verifier's), each seeing itself."""
+    tokens = torch.full((count,), mask_token_id, dtype=torch.long, device=device)
+    positions = torch.arange(first_position, first_position + count, device=device)
+    roles = torch.full((count,), int(Role.VERIFY), dtype=torch.uint8, device=device)
+    return Segment(tokens, positions, roles, torch.eye(count, dtype=torch.bool, device=device), 0, 0)
+
+
+def _verify_segments(m: int, mask_token_id: int, device: torch.device) -> tuple[list[Segment], dict]:
+    """The clean rows [last@0, d_1..d_m] and their m+1 queries at 1..m+1 (query j sees clean rows
+    0..j): segments 0 and 1 of a call, with the visibility to give `pack`."""
+    clean = causal_segment(torch.zeros(m + 1, dtype=torch.long, device=device), 0)
+    queries = _queries(m + 1, mask_token_id, 1, device)
+    return [clean, queries], {(1, 0): torch.ones(m + 1, m + 1, dtype=torch.bool, device=device).tril_()}
+
+
+@functools.lru_cache(maxsize=256)
+def _verify_shape(m: int, mask_token_id: int, device: torch.device) -> _Shape:
+    segments, sees = _verify_segments(m, mask_token_id, device)
+    return _shape(pack(segments, sees), _mask_tokens(m + 1, mask_token_id, device))
+
+
+@functools.lru_cache(maxsize=256)
+def _packed_shape(m: int, width: int, mask_token_id: int, pad_verify: bool, device: torch.device) -> _Shape:
+    segments, sees = _verify_segments(m, mask_token_id, device)
+    padding = 2 * (width - 1 - m) if pad_verify else 0  # the verify part padded to 2W rows (m <= W-1)
+    if padding:
+        segments.append(pad_segment(padding, mask_token_id, 0, device))
+    segments.append(draft_block(torch.zeros(1, dtype=torch.long, device=device), 0, width, mask_token_id))
+    masks = (_mask_tokens(m + 1, mask_token_id, device), _mask_tokens(padding, mask_token_id, device),
+             _mask_tokens(width, mask_token_id, device))  # fmt: skip
+    return _shape(pack(segments, sees), *masks)
+
+
+def queried_prefill(prompt: torch.Tensor, mask_token_id: int, width: int = 0) -> Call:
+    """A prefill in AR mode: the prompt's L rows (causal), the query MASK@L that sees all of them,
+    then, with `width`, the draft block [x_{L-1}@L-1, MASK@L..L+W-1] that sees the prompt before
+    its anchor. Logits come back from the query on."""
+    length, device = prompt.shape[0], prompt.device
+    segments = [causal_segment(prompt, 0), _queries(1, mask_token_id, length, device)]
+    sees = {(1, 0): torch.ones(1, length, dtype=torch.bool, device=device)}
+    if width:
+        segments.append(draft_block(prompt[-1:], length - 1, width, mask_token_id))
+        seen = torch.zeros(width + 1, length, dtype=torch.bool, device=device)
+        seen[:, : length - 1] = True
+        sees[(2, 0)] = seen
+    return pack(segments, sees, read_from=length)
+
+
+class _QueriedAR(_AR):
+    """SDAR's AR mode: [last@n, MASK@n+1] per call; the clean row is committed."""
+
+    rows_formula = "2"
+
+    @staticmethod
+    def largest_call_rows(width: int) -> int:
+        return 2
+
+    @staticmethod
+    def rows_per_iteration(width: int) -> int:
+        return 2
+
+    @functools.cached_property
+    def shape(self) -> _Shape:
+        return _verify_shape(0, self.model.mask_token_id, self.model.device)
+
+    def prefill(self) -> Steps:
+        logits = yield queried_prefill(self.prompt_ids, self.model.mask_token_id)
+        self.model.commit(len(self.prompt))
+        return (yield from self.first(logits[0:1]))
+
+    def step(self) -> Steps:
+        logits = yield self.shape.call([self.last, *self.shape.masks], self.position)
+        self.model.commit(1)
+        self.position += 1
+        return (yield from self.first(logits[1:2]))
+
+
+class _QueriedLinear(_Linear):
+    """Linear-SS on SDAR: the draft block (B rows), then the 2B-row verify call."""
+
+    rows_formula = "3B"
+
+    @staticmethod
+    def largest_call_rows(width: int) -> int:
+        return 2 * (width + 1)
+
+    @staticmethod
+    def rows_per_iteration(width: int) -> int:
+        return 3 * (width + 1)
+
+    @functools.cached_property
+    def verify_shape(self) -> _Shape:
+        return _verify_shape(self.settings.width, self.model.mask_token_id, self.model.device)
+
+    def prefill(self) -> Steps:
+        return (yield from _QueriedAR.prefill(self))
+
+    def step(self) -> Steps:
+        sampling, position, width = self.settings.sampling, self.position, self.settings.width
+        logits = yield self.draft_shape.call([self.last, *self.draft_shape.masks], position)
+        self.model.commit(0)
+        drafts, draft_probs = yield Host(propose, logits[1:], sampling)
+        logits = yield self.verify_shape.call([self.last, drafts, *self.verify_shape.masks], position)
+        emitted = yield Host(verify, logits[width + 1 :], drafts, draft_probs, sampling)
+        done = self.verified(emitted, width)
+        self.position += len(emitted)
+        return done
+
+
+class _QueriedPacked(_Packed):
+    """Packed-SS on SDAR: [last, d_1..d_m | m+1 queries | padding to 2W | the draft block]."""
+
+    rows_formula = "3B-2"
+
+    @staticmethod
+    def largest_call_rows(width: int) -> int:
+        return 3 * width + 1
+
+    @staticmethod
+    def rows_per_iteration(width: int) -> int:
+        return 3 * width + 1
+
+    def prefill(self) -> Steps:
+        length, width, sampling = len(self.prompt), self.settings.width, self.settings.sampling
+        logits = yield queried_prefill(self.prompt_ids, self.model.mask_token_id, width)
+        self.model.commit(length)
+        done = yield from self.first(logits[0:1])
+        first = range(length, length + 1)  # the first token's position
+        self.drafts = yield Host(proposals_ahead, logits[2:], range(length, length + width), first, sampling)
+        return done
+
+    def step(self) -> Steps:
+        s, n = self.settings, self.position
+        drafts = self.drafts
+        m = len(drafts.tokens)
+        shape = _packed_shape(m, s.width, self.model.mask_token_id, s.pad_verify, self.model.device)
+        queries, padding, block = shape.masks
+        logits = yield shape.call([self.last, drafts.tokens, queries, padding, self.last, block], n)
+        emitted = yield Host(verify, logits[m + 1 : 2 * m + 2], drafts.tokens, drafts.probs, s.sampling)
+        done = self.verified(emitted, m)
+        masks, taken = range(n + 1, n + 1 + s.width), range(n + 1, n + 1 + len(emitted))
+        self.drafts = yield Host(proposals_ahead, logits[-s.width :], masks, taken, s.sampling)
+        self.position += len(emitted)
+        return done
+
+
+# ---- block diffusion: aligned blocks of B tokens ----
+
+
+def block_causal_prefill(prompt: torch.Tensor, block: int) -> Call:
+    """The prompt's whole blocks, each row seeing its own block and the blocks before it."""
+    rows, device = prompt.shape[0], prompt.device
+    index = torch.arange(rows, device=device) // block
+    roles = torch.full((rows,), int(Role.VERIFY), dtype=torch.uint8, device=device)
+    return Call(prompt, torch.arange(rows, device=device), roles, index[None, :] <= index[:, None], useful=rows,
+                drafts=0, read_from=rows - 1)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=64)
+def _layout(kind: str, block: int, causal_rows: int, device: torch.device) -> Layout:
+    """`denoise`: a block whose first `causal_rows` rows are causal and whose other rows see the
+    whole block; `commit_full`/`commit_causal`: a finished block, block-causal or token-causal;
+    `verify`: S2D2's 2B rows, [filled block (causal) | B queries, query j seeing filled rows < j]."""
+    zeros = torch.zeros(block, dtype=torch.long, device=device)
+    if kind == "commit_causal":
+        return layout_of(pack([causal_segment(zeros, 0)]))
+    if kind in ("denoise", "commit_full"):
+        call = pack([block_segment(zeros, 0)])
+        if not causal_rows:
+            return layout_of(call)
+        attend = call.attend.clone()
+        attend[:causal_rows] = torch.ones(block, block, dtype=torch.bool, device=device).tril_()[:causal_rows]
+        return Layout(call.roles, attend, block, block, Rule.CUSTOM)
+    clean = causal_segment(zeros, 0)
+    queries = _queries(block, 0, 0, device)
+    sees = {(1, 0): torch.ones(block, block, dtype=torch.bool, device=device).tril_(-1)}
+    return layout_of(pack([clean, queries], sees))
+
+
+@functools.lru_cache(maxsize=64)
+def _offsets(block: int, copies: int, device: torch.device) -> torch.Tensor:
+    """Positions minus the block's first: 0..B-1, `copies` times (S2D2's verify repeats them)."""
+    return torch.arange(block, device=device).repeat(copies)
+
+
+def transfer_counts(block: int, steps: int) -> list[int]:
+    """Tokens each denoising step must resolve at least: B spread evenly over the steps."""
+    return [block // steps + (1 if k < block % steps else 0) for k in range(steps)]
+
+
+def denoised(logits: torch.Tensor, temperature: float, generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's token (argmax at T = 0, else a sample), its probability, and the rows'
+    distributions: softmax(logits / T), at T = 0 softmax(logits) (S2D2's greedy reading)."""
+    probs = probabilities(logits, temperature or 1.0)
+    tokens = probs.argmax(dim=-1) if temperature == 0 else sample_tokens(probs, generator)
+    return tokens, probs.gather(-1, tokens[:, None])[:, 0], probs
+
+
+def low_confidence_dynamic(confidence: torch.Tensor, masked: torch.Tensor, count: int, threshold: float) -> torch.Tensor:
+    """The release's remasking: every masked row above the threshold when there are at least
+    `count` of them, else the `count` most confident masked rows."""
+    confidence = torch.where(masked, confidence, -torch.inf)
+    high = confidence > threshold
+    if int(high.sum()) >= count:
+        return high
+    chosen = torch.zeros_like(masked)
+    chosen[confidence.topk(count).indices] = True
+    return chosen
+
+
+class _BlockDiffusion(Decoder):
+    """Aligned blocks of B = W + 1 tokens: a prefill of the prompt's whole blocks, then one call
+    per iteration on the current block, whose tokens are emitted when its commit call writes it."""
+
+    settings: LTRSettings
+    lossy = True
+    steps_per_block: int | None = None  # denoising steps S (None: B, as both paper configurations)
+    threshold = 0.85  # low_confidence_dynamic's confidence threshold (the release's default)
+    commit_layout = "commit_full"
+
+    def __init__(self, model: CallModel, prompt: Sequence[int], settings: LTRSettings, stop_check: StopCheck | None):
+        super().__init__(model, prompt, settings, stop_check)
+        self.block = settings.width + 1
+        self.prefilled = len(self.prompt) // self.block * self.block
+        self.transfers = transfer_counts(self.block, self.steps_per_block or self.block)
+        self.resolved: list[int] = []  # tokens each call resolved (the prefill's first)
+        self.kinds: list[str] = []
+        self.start_block(self.prefilled)
+
+    def start_block(self, start: int) -> None:
+        known = self.prompt[start : start + self.block]
+        tokens = known + [self.model.mask_token_id] * (self.block - len(known))
+        self.start, self.step_index = start, 0
+        self.tokens = uploaded(tokens, self.model.device)
+        self.unresolved = self.block - len(known)
+
+    def masked(self) -> torch.Tensor:
+        return self.tokens == self.model.mask_token_id
+
+    def call_of(self, kind: str, causal_rows: int = 0, drafts: torch.Tensor | None = None) -> Planned:
+        """A call on the current block; `verify` fills its masks with `drafts` and adds B queries."""
+        device = self.model.device
+        layout = _layout(kind, self.block, causal_rows, device)
+        if kind != "verify":
+            return Planned(layout, _offsets(self.block, 1, device), [self.tokens], self.start)
+        filled = torch.where(self.masked(), drafts, self.tokens)
+        queries = _mask_tokens(self.block, self.model.mask_token_id, device)
+        return Planned(layout, _offsets(self.block, 2, device), [filled, queries], self.start)
+
+    def counted(self, kind: str, resolved: int) -> None:
+        self.kinds.append(kind)
+        self.resolved.append(resolved)
+        self.produced += resolved
+        self.unresolved -= resolved
+
+    def prefill_call(self) -> Call:
+        return block_causal_prefill(uploaded(self.prompt[: self.prefilled], self.model.device), self.block)
+
+    def prefill(self) -> Steps:
+        if not self.prefilled:  # a prompt shorter than a block: its first block's first call
+            return (yield from self.step())
+        yield self.prefill_call()
+        self.model.commit(self.prefilled)
+        self.counted("prefill", 0)
+        return False
+
+    def commit_block(self) -> Steps:
+        """Write the finished block into the cache and emit its generated tokens."""
+        yield self.call_of(self.commit_layout)
+        self.model.commit(self.block)
+        self.counted("commit", 0)
+        tokens = self.tokens.tolist()[max(0, len(self.prompt) - self.start) :]
+        done = self.emitter.emit(tokens)
+        self.start_block(self.start + self.block)
+        return done
+
+    def fallback(self, confidence: torch.Tensor, proposal: torch.Tensor, count: int) -> int:
+        """Resolve by low-confidence dynamic remasking; the number of tokens resolved."""
+        chosen = low_confidence_dynamic(confidence, self.masked(), count, self.threshold)
+        self.tokens = torch.where(chosen, proposal, self.tokens)
+        return int(chosen.sum())
+
+    def extra(self) -> dict:
+        return {"resolved": self.resolved, "call_kinds": self.kinds}
+
+
+class _SDARNative(_BlockDiffusion):
+    name = "sdar-native"
+
+    @staticmethod
+    def largest_call_rows(width: int) -> int:
+        return width + 1
+
+    def step(self) -> Steps:
+        if not self.unresolved:
+            return (yield from self.commit_block())
+        logits = yield self.call_of("denoise")
+        self.model.commit(0)
+        sampling = self.settings.sampling
+        proposal, confidence, _ = denoised(logits, sampling.temperature, sampling.generator)
+        count = min(self.transfers[self.step_index], self.unresolved)
+        self.step_index += 1
+        self.counted("denoise", self.fallback(confidence, proposal, count))
+        return False
+
+
+def verify_score(probs: torch.Tensor, penalty: float) -> float:
+    """S2D2's `difference_static` score with the `soft_entropy_negexp` estimator: the expected
+    accepted length sum_k prod_{i<=k} exp(-H_i / log V) of the span, minus the penalty c."""
+    entropy = -(probs * probs.clamp(min=1e-12).log()).sum(dim=-1) / math.log(probs.shape[-1])
+    return float(torch.exp(-entropy).cumprod(dim=0).sum()) - penalty
+
+
+class _S2D2(_BlockDiffusion):
+    """S2D2 on SDAR with AR-like caching (--cache_ver --draft_ver): token-causal prefill and
+    commits, the block's resolved prefix causal in draft calls. A draft call proposes every masked
+    row; the policy then either verifies the first masked span in the next call or resolves by
+    the release's remasking at once."""
+
+    name = "s2d2"
+    penalty = 1.0  # c (paper Config-A, B = 4); `s2d2-always` has c = 0 (Config-B, B = 16)
+    score_threshold = 0.0  # tau: verify when the score is at least this
+    commit_layout = "commit_causal"
+    draws_at_greedy = True  # its acceptance test draws uniforms at every temperature
+
+    @staticmethod
+    def largest_call_rows(width: int) -> int:
+        return 2 * (width + 1)
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.pending = None  # a draft awaiting verification: (span, proposal, the drafter's probs)
+
+    def prefill_call(self) -> Call:
+        prompt = uploaded(self.prompt[: self.prefilled], self.model.device)
+        return pack([causal_segment(prompt, 0)], read_from=self.prefilled - 1)
+
+    def step(self) -> Steps:
+        if not self.unresolved:
+            return (yield from self.commit_block())
+        if self.pending is not None:
+            return (yield from self.verify_span())
+        masked = self.masked()
+        first_masked = int(masked.to(torch.uint8).argmax())
+        logits = yield self.call_of("denoise", first_masked)
+        self.model.commit(0)
+        sampling = self.settings.sampling
+        proposal, confidence, probs = denoised(logits, sampling.temperature, sampling.generator)
+        span = first_masked + int(masked[first_masked:].to(torch.long).cumprod(dim=0).sum())
+        span = range(first_masked, span)
+        if verify_score(probs[span.start : span.stop], self.penalty) >= self.score_threshold:
+            self.pending = (span, proposal, probs)
+            self.counted("draft", 0)
+            return False
+        count = min(self.transfers[self.step_index], self.unresolved)
+        self.step_index += 1
+        self.counted("draft", self.fallback(confidence, proposal, count))
+        return False
+
+    def verify_span(self) -> Steps:
+        """The 2B-row call [block filled with the drafts | B queries]; the span's drafts are
+        accepted while u < min(1, q/p), and the first rejected one is resampled from
+        norm((q - p)+) (q the verifier's, p the drafter's; no bonus token)."""
+        span, proposal, probs = self.pending
+        self.pending = None
+        logits = yield self.call_of("verify", drafts=proposal)
+        self.model.commit(0)
+        sampling = self.settings.sampling
+        rows = torch.arange(span.start, span.stop, device=logits.device)
+        drafts = proposal[rows]
+        q = probabilities(logits[self.block + rows], sampling.temperature or 1.0)
+        p = probs[rows]
+        picked = torch.arange(len(rows), device=logits.device)
+        ratio = (q[picked, drafts] / p[picked, drafts].clamp(min=1e-12)).clamp(max=1.0)
+        uniform = torch.rand(len(rows), generator=sampling.generator, device=logits.device, dtype=ratio.dtype)
+        accepted = int((uniform < ratio).to(torch.long).cumprod(dim=0).sum())
+        resolved = drafts.clone()
+        if accepted < len(rows):
+            residual = (q[accepted] - p[accepted]).clamp(min=0)
+            residual = residual if float(residual.sum()) > 0 else q[accepted]
+            resolved[accepted] = sample_tokens(residual[None, :], sampling.generator)[0]
+            resolved = resolved[: accepted + 1]
+        update = rows[: len(resolved)]
+        self.tokens = self.tokens.clone()
+        self.tokens[update] = resolved
+        self.draft_proposed += len(rows)
+        self.draft_accepted += accepted
+        self.step_index += 1
+        self.counted("verify", len(resolved))
+        return False
+
+
+class _S2D2Always(_S2D2):
+    """S2D2 with always-on verification (c = 0: the score is never below tau = 0)."""
+
+    name = "s2d2-always"
+    penalty = 0.0
+
+
+SDAR_DECODERS: tuple[type[Decoder], ...] = (_QueriedAR, _QueriedLinear, _QueriedPacked, _SDARNative, _S2D2, _S2D2Always)
