@@ -17,38 +17,28 @@ import math
 
 import pytest
 import torch
-from torch import nn
-from transformers import Qwen3Config, Qwen3Model
 
 from packedss.decoding import LTRSettings, Sampling
 from packedss.decoding import blockdiff
 from packedss.decoding.blockdiff import low_confidence_dynamic, transfer_counts, verify_score
 from packedss.decoding.verify import probabilities, sample_tokens
 from packedss.families import FAMILIES
-from packedss.models.sdar import load_sdar, save_sdar
+from packedss.models.sdar import load_sdar
+from tests.sdar_fixtures import SDAR_EOS as EOS
+from tests.sdar_fixtures import SDAR_MASK as MASK
+from tests.sdar_fixtures import SDAR_VOCAB as VOCAB
+from tests.sdar_fixtures import write_random_sdar
 from tests.chi_square import LEVEL, accept_every_draft, chi_square_p
 from tests.toy_ltr import ToyLTRModel
 
 SDAR = FAMILIES["sdar"]
-MASK, EOS, VOCAB = 63, 2, 64
 PROMPTS = [list(range(5, 19)), [20, 22, 24, 26, 28, 3, 5, 8, 13], [30, 31, 32, 33, 34, 35, 36, 37, 38, 39, 40, 41, 42, 43, 44, 45]]
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
     """A random SDAR-layout checkpoint, loaded in float64 (no near-ties between call shapes)."""
-    torch.manual_seed(0)
-    config = Qwen3Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=8, vocab_size=VOCAB, max_position_embeddings=512,
-                         tie_word_embeddings=False, initializer_range=0.5)  # fmt: skip
-    # Weights this large make outputs that vary (at 0.02 greedy repeats one token), so drafts
-    # are accepted sometimes, not always; the scaled head makes S2D2's score route both ways.
-    backbone, head = Qwen3Model(config), nn.Linear(32, VOCAB, bias=False)
-    with torch.no_grad():
-        head.weight.mul_(6)
-    path = tmp_path_factory.mktemp("sdar")
-    save_sdar(path, backbone, head, mask_token_id=MASK, eos_token_ids=(EOS,), block_size=4)
-    return load_sdar(path, dtype="float64")
+    return load_sdar(write_random_sdar(tmp_path_factory.mktemp("sdar")), dtype="float64")
 
 
 def settings(schedule: str, width: int, new: int = 24, temperature: float = 0.0, seed: int = 0, **fields):

@@ -49,15 +49,19 @@ EMBED = "backbone.embed_tokens.weight"
 REQUIRED_KEYS = ["hidden_size", "num_hidden_layers", "num_attention_heads", "vocab_size", "mask_token_id"]
 _CONFIG_FIELDS = set(inspect.signature(Qwen3Config.__init__).parameters) - {"self", "kwargs"}
 # Token ids and the release's own keys stay out of the backbone config.
-_SKIP = {"bos_token_id", "eos_token_id", "pad_token_id"}
+_SKIP = {"bos_token_id", "eos_token_id", "pad_token_id", "rope_scaling", "rope_theta"}
 
 
 def qwen3_config(config: dict) -> Qwen3Config:
     """The Qwen3Config of an SDAR config.json (its Qwen3 fields; rope_theta as default RoPE)."""
     fields = {k: v for k, v in config.items() if (k in _CONFIG_FIELDS or k == "head_dim") and k not in _SKIP}
-    rope_theta = config.get("rope_theta")
-    if rope_theta is not None and "rope_parameters" not in fields:
-        fields["rope_parameters"] = {"rope_type": "default", "rope_theta": float(rope_theta)}
+    if "rope_parameters" not in fields:  # the release's rope_theta and rope_scaling (null), as rope_parameters
+        rope = {"rope_type": "default", "rope_theta": float(config.get("rope_theta", 10000.0))}
+        scaling = config.get("rope_scaling")
+        if isinstance(scaling, dict):
+            rope.update(scaling, rope_type=scaling.get("rope_type", scaling.get("type", "default")))
+            rope.pop("type", None)
+        fields["rope_parameters"] = rope
     with quiet_transformers():
         qwen = Qwen3Config(**fields)
     qwen._attn_implementation = ATTENTION
