@@ -1,5 +1,5 @@
 """CI regression of NFE counts: per-question `nfe_total` and `output_hash` of the shipped tiny
-models on fixed offline prompts, for every schedule and W in {4, 8, 16} at T = 0 (float64).
+models on fixed offline prompts, for every schedule and W in {4, 8, 16} ({3, 7, 15} on tiny-sdar) at T = 0 (float64).
 
 A change that moves any count fails here with a readable diff; regenerate deliberately with
 `make golden` (python -m tests.test_golden_nfe --write) and commit the new file."""
@@ -14,18 +14,21 @@ import pytest
 import torch
 
 from packedss.paths import PROJECT_ROOT
-from packedss.decoding import LTRSettings, Sampling, decode_ltr
+from packedss.decoding import Sampling, question_seed
+from packedss.families import FAMILIES
 from packedss.records import output_hash
 from packedss.tasks.stops import make_stop_check
 from packedss.tasks import load_task, load_task_config
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "nfe_tiny.json"
-WIDTHS = (4, 8, 16)
 QUESTIONS = 4
 MAX_NEW_TOKENS = 96
+# model -> (family, schedules, widths); AR runs at W = 1 only (it reads no W).
 MODELS = {
-    "tiny": ("nemotron", ("ar", "linear", "quadratic", "packed")),
-    "tiny-set": ("setdlm", ("ar", "linear", "quadratic", "packed", "native")),
+    "tiny": ("nemotron", ("ar", "linear", "quadratic", "packed"), (4, 8, 16)),
+    "tiny-set": ("setdlm", ("ar", "linear", "quadratic", "packed", "native"), (4, 8, 16)),
+    # W = 3 is SDAR's block of 4; 15 its Config-B block of 16.
+    "tiny-sdar": ("sdar", ("ar", "linear", "packed", "sdar-native", "s2d2", "s2d2-always"), (3, 7, 15)),
 }
 
 
@@ -33,18 +36,17 @@ def _model_dir(name: str) -> Path:
     return PROJECT_ROOT / "assets" / "models" / name
 
 
-def _decoder(family: str, model):
-    """(schedule, width) -> decode(prompt ids, stop check) for the model's family (greedy)."""
-    from packedss.decoding.anyorder import AnyOrderSettings, decode_anyorder
+def _decoder(family_name: str, model):
+    """(schedule, width, question id) -> decode(prompt ids, stop check) for the model's family
+    (greedy; a schedule that draws at T = 0 gets the runner's seeded generator)."""
+    family = FAMILIES[family_name]
+    fields = {"order": "ltr"} if family.orders else {}
 
-    greedy = Sampling(0.0, "rejection", None)
-
-    def run(schedule, width, ids, stop_check):
-        if family == "setdlm":
-            settings = AnyOrderSettings(schedule, width, MAX_NEW_TOKENS, model.eos_token_ids, greedy, order="ltr")
-            return decode_anyorder(model, ids, settings, stop_check)
-        settings = LTRSettings(schedule, width, MAX_NEW_TOKENS, model.eos_token_ids, greedy)
-        return decode_ltr(model, ids, settings, stop_check)
+    def run(schedule, width, question_id, ids, stop_check):
+        generator = torch.Generator().manual_seed(question_seed(0, question_id))
+        settings = family.settings_type(schedule, width, MAX_NEW_TOKENS, model.eos_token_ids,
+                                        Sampling(0.0, "rejection", generator), **fields)  # fmt: skip
+        return family.decode(model, ids, settings, stop_check)
 
     return run
 
@@ -52,25 +54,22 @@ def _decoder(family: str, model):
 def measure() -> dict:
     from transformers import AutoTokenizer
 
-    from packedss.models.nemotron import load_nemotron
-    from packedss.models.setdlm import load_setdlm
-
     torch.set_num_threads(1)
     task = load_task(load_task_config("arith"))
     results = {}
-    for name, (family, schedules) in MODELS.items():
+    for name, (family, schedules, widths) in MODELS.items():
         path = _model_dir(name)
         if not (path / "config.json").is_file():
             continue
-        model = (load_setdlm if family == "setdlm" else load_nemotron)(path, dtype="float64")
+        model = FAMILIES[family].load_adapter(path, torch.device("cpu"), "float64")
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         stop_check = make_stop_check(tokenizer, task.stop)
         prompts = {q.question_id: tokenizer(task.build_prompt(q))["input_ids"] for q in task.questions(QUESTIONS)}
         run = _decoder(family, model)
         for schedule in schedules:
-            for width in (1,) if schedule == "ar" else WIDTHS:
+            for width in (1,) if schedule == "ar" else widths:
                 for question_id, ids in prompts.items():
-                    out = run(schedule, width, ids, stop_check)
+                    out = run(schedule, width, question_id, ids, stop_check)
                     results[f"{name} {schedule} W={width} {question_id}"] = {
                         "nfe_total": out.nfe_total,
                         "output_hash": output_hash(out.tokens),

@@ -1,4 +1,4 @@
-"""The SDAR family's schedules (docs/schedules.md §16): a block-diffusion model whose mask rows
+"""The SDAR family's schedules (docs/schedules.md §17): a block-diffusion model whose mask rows
 predict their own position, and whose AR mode is block size 1 (a mask at i that sees the clean
 tokens before it predicts the token at i).
 
