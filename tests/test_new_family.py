@@ -91,5 +91,5 @@ def test_an_unregistered_family_is_refused_with_the_known_ones(model_overrides, 
     from tests.test_fidelity import _compose
 
     cfg = _compose([*model_overrides, "model.family=toy"])
-    with pytest.raises(PackedSSError, match="invalid model.family='toy'; valid choices: nemotron, setdlm"):
+    with pytest.raises(PackedSSError, match="invalid model.family=.toy.; valid choices: nemotron, setdlm, sdar$"):
         validate(cfg)
