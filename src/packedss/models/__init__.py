@@ -86,13 +86,17 @@ def load_adapter(model_cfg, family, path: Path, device, dtype):
 
 
 def load_tokenizer(model_cfg, path: Path):
-    """The checkpoint's tokenizer, loaded offline from its directory."""
+    """The checkpoint's tokenizer, loaded offline from its directory, never with the checkpoint's
+    own code: a directory whose config.json or tokenizer_config.json has an `auto_map` (the SDAR
+    releases: a custom config class, a copied Qwen2Tokenizer module) gets the tokenizer class its
+    `tokenizer_class` names from transformers, instead of transformers asking on the terminal
+    whether to run that code (docs/models.md §11)."""
     from transformers import AutoTokenizer
 
     from packedss.models.checkpoint import quiet_transformers
 
     try:
         with quiet_transformers():
-            return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+            return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except Exception as err:
         raise PackedSSError(f"model {model_cfg.name}: cannot load the tokenizer from {path} ({err}); the checkpoint directory needs its tokenizer files (tokenizer.json, tokenizer_config.json): download it again") from None
