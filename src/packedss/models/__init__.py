@@ -5,6 +5,7 @@ the model's family (from the family table) and the tokenizer."""
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,7 +97,9 @@ def load_tokenizer(model_cfg, path: Path):
     from packedss.models.checkpoint import quiet_transformers
 
     try:
-        with quiet_transformers():
+        with quiet_transformers(), warnings.catch_warnings():
+            # A config.json with `rope_scaling: null` (the SDAR releases') read as a plain config.
+            warnings.filterwarnings("ignore", message="`rope_scaling` is deprecated", category=FutureWarning)
             return AutoTokenizer.from_pretrained(str(path), local_files_only=True, trust_remote_code=False)
     except Exception as err:
         raise PackedSSError(f"model {model_cfg.name}: cannot load the tokenizer from {path} ({err}); the checkpoint directory needs its tokenizer files (tokenizer.json, tokenizer_config.json): download it again") from None
