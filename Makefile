@@ -58,6 +58,23 @@ bench-memory-bound: $(STAMP)
 clean:
 	rm -rf $(VENV) outputs multirun .pytest_cache
 
+# The SDAR table (docs/analysis.md §5, docs/reproducing.md): the `sdar` preset (SDAR-8B and -4B Chat,
+# MBPP+, HumanEval, GSM8K, MATH-500, AR/Linear-SS/Packed-SS/SDAR native/S2D2 at W = 3), or with
+# MODEL=tiny the `sdar-tiny` preset (tiny-sdar on arith), then `--tables sdar` of RESULTS/sdar.
+# LIMIT, OVERRIDES, DATA_DIR, RESULTS and ANALYSIS_FLAGS as for reproduce-tableN (scripts/reproduce.mk);
+# another MODEL replaces the preset's two models.
+SDAR_TINY = $(filter tiny tiny-sdar,$(MODEL))
+SDAR_SWEEP = $(strip +experiment=$(if $(SDAR_TINY),sdar-tiny,sdar) $(if $(SDAR_TINY),,$(if $(strip $(MODEL)),model=$(strip $(MODEL)))) \
+	$(if $(strip $(LIMIT)),limit=$(strip $(LIMIT))) $(if $(and $(strip $(DATA_DIR)),$(if $(SDAR_TINY),,yes)),data_dir=$(abspath $(DATA_DIR))) \
+	$(OVERRIDES) out_dir=$(RESULTS)/sdar/records)
+.PHONY: plan-sdar reproduce-sdar
+plan-sdar: $(STAMP)
+	$(PY) -m packedss.plan $(SDAR_SWEEP)
+
+reproduce-sdar: $(STAMP)
+	$(PY) run.py -m $(SDAR_SWEEP)
+	$(PY) -m packedss.analysis $(RESULTS)/sdar --tables sdar $(ANALYSIS_FLAGS)
+
 # plan-table2 ... plan-table13, plan-figure3 ... plan-figure5, plan-all: the jobs of the targets below,
 # checked and costed without loading a model; reproduce-table2 ... reproduce-table13,
 # reproduce-figure3 ... figure5, reproduce-all

@@ -1,4 +1,4 @@
-"""python -m packedss.analysis RESULTS_DIR [--compare-paper] [--tables 6,10,acceptance,concurrency] [--figures 3,4,5,A1,A2,C1]
+"""python -m packedss.analysis RESULTS_DIR [--compare-paper] [--tables 6,10,sdar,acceptance,concurrency] [--figures 3,4,5,A1,A2,C1]
 
 Reads every JSONL record under RESULTS_DIR/records (or RESULTS_DIR), reports bad lines with file
 and line number, and writes tables under RESULTS_DIR/tables and figures under
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m packedss.analysis", description=__doc__.split("\n\n")[1])
     parser.add_argument("results_dir", help="results folder (records under RESULTS_DIR/records or RESULTS_DIR)")
     parser.add_argument("--tables", type=lambda t: _numbers(t, [*TABLES, ACCEPTANCE, CONCURRENCY], "table"), default=None,
-                        help="e.g. 6,10, acceptance or concurrency (default: all, 2-13, acceptance, and concurrency when runs were measured at several C)")
+                        help="e.g. 6,10, sdar, acceptance or concurrency (default: all, 2-13, sdar, acceptance, and concurrency when runs were measured at several C)")
     parser.add_argument("--figures", type=lambda t: _numbers(t, FIGURES, "figure"), default=None,
                         help="e.g. 3,5, A1,A2 or C1 (default: all, 3-5, A1, A2, and C1 when runs were measured at several C)")
     parser.add_argument("--compare-paper", action="store_true", help="show the paper's published numbers beside the measured ones")

@@ -91,16 +91,18 @@ def _plain(value):
 
 def run_profile(identity: dict, run: pd.DataFrame, n_resamples: int) -> dict:
     """The acceptance profile of one run from its per-response rows (all carrying draft counts),
-    as the JSON object of `acceptance_profile.json`."""
+    as the JSON object of `acceptance_profile.json`. Its depths run to W, or to the longest draft
+    an iteration verified when that is longer (S2D2 verifies up to a block, B = W + 1 drafts)."""
     width = int(identity["width"])
+    depths = max([width, *(max(drafted) for drafted in run["drafted"] if len(drafted))])
     questions = sorted(run["question_id"].unique())
-    per_question = {q: np.zeros((3, width), dtype=int) for q in questions}
+    per_question = {q: np.zeros((3, depths), dtype=int) for q in questions}
     iterations_q = dict.fromkeys(questions, 0)
     emitted: list[int] = []
     drafted_all: list[int] = []
     full = accepted_total = 0
     for _, row in run.iterrows():
-        counts = _depth_counts(row["drafted"], row["accepted_drafts"], width)
+        counts = _depth_counts(row["drafted"], row["accepted_drafts"], depths)
         per_question[row["question_id"]] += counts
         iterations_q[row["question_id"]] += len(row["drafted"])
         emitted += list(row["accepted"])
@@ -109,11 +111,11 @@ def run_profile(identity: dict, run: pd.DataFrame, n_resamples: int) -> dict:
         accepted_total += sum(row["accepted_drafts"])
     stacked = np.stack([per_question[q] for q in questions])
     iterations = np.array([iterations_q[q] for q in questions], dtype=float)
-    marginal = [_ratio_ci(stacked[:, 0, i], iterations, n_resamples) for i in range(width)]
-    conditional = [_ratio_ci(stacked[:, 0, i], stacked[:, 1, i], n_resamples) for i in range(width)]
+    marginal = [_ratio_ci(stacked[:, 0, i], iterations, n_resamples) for i in range(depths)]
+    conditional = [_ratio_ci(stacked[:, 0, i], stacked[:, 1, i], n_resamples) for i in range(depths)]
     total = int(iterations.sum())
     verified = stacked[:, 2, :].sum(0)
-    longest = max([width + 1, *emitted])
+    longest = max([depths + 1, *emitted])
     return {
         "schema": SCHEMA,
         "identity": {k: _plain(identity[k]) for k in RUN_KEYS} | {"config_hash": str(run["config_hash"].iloc[0])},
@@ -132,11 +134,11 @@ def run_profile(identity: dict, run: pd.DataFrame, n_resamples: int) -> dict:
             "output_tokens": int(run["output_tokens"].sum()),
             "truncated_tokens": int(run["truncated_tokens"].sum()),
         },
-        "depth": list(range(1, width + 1)),
+        "depth": list(range(1, depths + 1)),
         "marginal": _ci_lists(marginal),
         "conditional": _ci_lists(conditional),
         "drafted_share": [_json_number(v / total) if total else None for v in verified],
-        "draft_length_histogram": np.bincount(np.asarray(drafted_all, dtype=int), minlength=width + 1).tolist(),
+        "draft_length_histogram": np.bincount(np.asarray(drafted_all, dtype=int), minlength=depths + 1).tolist(),
         "emitted_histogram": np.bincount(np.asarray(emitted, dtype=int), minlength=longest + 1).tolist(),
         "emitted": {
             "mean": _json_number(sum(emitted) / total) if total else None,

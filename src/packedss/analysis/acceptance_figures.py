@@ -145,7 +145,7 @@ def figure_a1(profiles: list[dict]) -> tuple[plt.Figure, pd.DataFrame, list[str]
         for ax in (top, bottom):
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
             ax.set_ylim(-0.02, 1.02)
-            ax.set_xlim(0.5, max(p["width"] for _, p in runs) + 0.5)
+            ax.set_xlim(0.5, max(max(p["depth"], default=p["width"]) for _, p in runs) + 0.5)
             ax.grid(alpha=0.3)
         top.legend(fontsize=7, frameon=True, framealpha=0.85, loc="best")
     fig.suptitle(A1_TITLE + " (bands: 95% bootstrap CIs over questions; dotted: share of iterations with a depth-i draft)\n"

@@ -46,20 +46,8 @@ from packedss.analysis.select import (
     subset,
     varies,
 )
-from packedss.analysis.table import Col, Table, build
+from packedss.analysis.table import ABS_COLS, ABS_NOTE, Col, Table, build
 from packedss.families import FAMILIES
-
-ABS_COLS = [
-    Col("Tokens/s", digits=2),
-    Col("Tokens/NFE", digits=3),
-    Col("Time/NFE (ms)", digits=3),
-    Col("Accuracy (%)", digits=2),
-    Col("Tokens", digits=1),
-    Col("Wall (s)", digits=3),
-    Col("NFE", digits=2),
-]
-ABS_NOTE = "Tokens, wall time and NFE are means per response; rates use aggregate totals (pooled, the paper's averaging)."
-
 
 RATE_COLS = [
     Col("Tokens/NFE (per request)", digits=3),

@@ -33,6 +33,9 @@ SCHEDULE_LABELS = {
     "quadratic": "Quadratic-SS",
     "packed": "Packed-SS",
     "native": "Native",
+    "sdar-native": "SDAR native",
+    "s2d2": "S2D2",
+    "s2d2-always": "S2D2 (always verify)",
 }
 # One colour per schedule, used by every figure (OTHER_COLOUR for a schedule without one).
 SCHEDULE_COLOURS = {
@@ -41,6 +44,9 @@ SCHEDULE_COLOURS = {
     "quadratic": "#ff7f0e",
     "packed": "#1f77b4",
     "native": "#2ca02c",
+    "sdar-native": "#9467bd",
+    "s2d2": "#d62728",
+    "s2d2-always": "#e377c2",
 }
 OTHER_COLOUR = "#555555"
 MODEL_LABELS = {
@@ -49,9 +55,13 @@ MODEL_LABELS = {
     "setdlm1.7b": "SetDLM 1.7B",
     "tiny": "Tiny",
     "tiny-set": "Tiny-Set",
+    "sdar8b": "SDAR 8B",
+    "sdar4b": "SDAR 4B",
+    "tiny-sdar": "Tiny-SDAR",
 }
 # The short model name used in the paper's "Setting" column ("3B MBPP").
-MODEL_SHORT = {"nemotron3b": "3B", "nemotron8b": "8B", "setdlm1.7b": "SetDLM", "tiny": "Tiny", "tiny-set": "Tiny-Set"}
+MODEL_SHORT = {"nemotron3b": "3B", "nemotron8b": "8B", "setdlm1.7b": "SetDLM", "tiny": "Tiny", "tiny-set": "Tiny-Set",
+               "sdar8b": "SDAR-8B", "sdar4b": "SDAR-4B", "tiny-sdar": "Tiny-SDAR"}
 TASK_LABELS = {
     "gsm8k": "GSM8K",
     "math500": "MATH-500",

@@ -2,8 +2,9 @@
 into rows in the paper's order (`groups`), and the key columns a row is labelled with.
 
 The paper defines its tables per model family: Tables 3-7 and 11-13 (and Figures 3's left part,
-4 and 5) for Nemotron, Tables 8-10 for SetDLM. They select records by family name, and take the
-family's schedules from the family table (packedss.families)."""
+4 and 5) for Nemotron, Tables 8-10 for SetDLM; the SDAR table (ours) reads the SDAR family. They
+select records by family name, and take the family's schedules from the family table
+(packedss.families)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from packedss.families import FAMILIES
 
 NEMOTRON = "nemotron"
 SETDLM = "setdlm"
+SDAR = "sdar"
 
 
 def family_schedules(family: str) -> tuple[str, ...]:

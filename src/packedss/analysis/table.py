@@ -31,6 +31,19 @@ class Col:
         return f"{self.name} [95% CI]" if self.kind == "ci" else self.name
 
 
+# The absolute measurements of Tables 6-9, the per-run summary and the SDAR table.
+ABS_COLS = [
+    Col("Tokens/s", digits=2),
+    Col("Tokens/NFE", digits=3),
+    Col("Time/NFE (ms)", digits=3),
+    Col("Accuracy (%)", digits=2),
+    Col("Tokens", digits=1),
+    Col("Wall (s)", digits=3),
+    Col("NFE", digits=2),
+]
+ABS_NOTE = "Tokens, wall time and NFE are means per response; rates use aggregate totals (pooled, the paper's averaging)."
+
+
 @dataclass
 class Table:
     key: int | str  # the paper's table number, or the name of a table of our own ("runs")

@@ -1,6 +1,7 @@
-"""The paper's appendix tables 2-13: which function makes each, what records it reads, and the
-experiment preset that produces them. The table model is `table.py`, the row selection
-`select.py`, the definitions `measured_tables.py` (runs, 2-9) and `paired_tables.py` (10-13)."""
+"""The paper's appendix tables 2-13 and the SDAR table (`sdar`, ours): which function makes each,
+what records it reads, and the experiment preset that produces them. The table model is
+`table.py`, the row selection `select.py`, the definitions `measured_tables.py` (runs, 2-9) and
+`paired_tables.py` (10-13, sdar)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from dataclasses import dataclass
 
 from packedss.analysis import concurrency
 from packedss.analysis.measured_tables import table2, table3, table4, table5, table6, table7, table8, table9
-from packedss.analysis.paired_tables import table10, table11, table12, table13
+from packedss.analysis.paired_tables import sdar_table, table10, table11, table12, table13
 from packedss.analysis.table import Table
 
 
@@ -25,7 +26,8 @@ ACCEPTANCE = "acceptance"
 # `--tables concurrency`: the tables concurrency and crossover (packedss.analysis.concurrency).
 CONCURRENCY = concurrency.CONCURRENCY
 
-TABLES: dict[int, TableSpec] = {
+# Keyed by the paper's number, or by the name of a table of our own (`--tables sdar`).
+TABLES: dict[int | str, TableSpec] = {
     2: TableSpec(table2, "any family (rows_evaluated per call, iterations), every schedule and W", "table2"),
     3: TableSpec(table3, "nemotron, T=0, lora=false, several widths", "table3"),
     4: TableSpec(table4, "nemotron, T=0, lora=true", "table4"),
@@ -38,4 +40,5 @@ TABLES: dict[int, TableSpec] = {
     11: TableSpec(table11, "nemotron, T=0 and T>0, scored tasks: packed, linear, quadratic", "table11"),
     12: TableSpec(table12, "nemotron, T=0: packed with linear and quadratic", "table12"),
     13: TableSpec(table13, "nemotron, T>0: packed with linear and quadratic", "table13"),
+    "sdar": TableSpec(sdar_table, "sdar, lora=false: every schedule, each against AR of its model and task", "sdar"),
 }

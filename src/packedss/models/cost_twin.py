@@ -10,8 +10,9 @@ decoding model's time out of the wall time). Outputs, NFE and acceptance are the
 model's; model time and wall time are those of a decoder driving the cost model.
 
 The cost model has random weights (a call's time does not depend on their values) of a named
-shape (SHAPES: the Ministral-3 text backbones of Nemotron-Labs-Diffusion, our reading) or of a
-config.json, optionally cut to its first `layers` layers, in any dtype and on any device.
+shape (SHAPES: the Ministral-3 text backbones of Nemotron-Labs-Diffusion, our reading, and the
+Qwen3 shape of SDAR-8B) or of a config.json, optionally cut to its first `layers` layers, in any
+dtype and on any device. It is always a Ministral3 backbone of that shape.
 `cost_spec` checks all of this before anything is loaded.
 """
 
@@ -34,7 +35,7 @@ from packedss.models.adapter import BackboneAdapter
 from packedss.models.attention import ATTENTION
 from packedss.models.checkpoint import DTYPES, default_dtype, read_config, resolve_dtype
 
-# The named shapes' RoPE: the YaRN of the Ministral-3 3B and 8B checkpoints.
+# The named shapes' RoPE unless a shape names its own: the YaRN of the Ministral-3 3B and 8B checkpoints.
 _ROPE = {"rope_type": "yarn", "rope_theta": 1_000_000.0, "factor": 16.0, "original_max_position_embeddings": 16384,
          "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1}  # fmt: skip
 SHAPES = {
@@ -46,6 +47,15 @@ SHAPES = {
                        num_key_value_heads=8, head_dim=128, vocab_size=131072),
     "nemotron8b": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=34, num_attention_heads=32,
                        num_key_value_heads=8, head_dim=128, vocab_size=131072),
+    # SDAR-8B (JetLM/SDAR-8B-Chat: Qwen3-8B's shape, default RoPE at theta 1e6) as a Ministral3 backbone.
+    # Qwen3's per-head RMSNorm of q and k (q_norm, k_norm: 2 x 128 weights per layer) has no
+    # counterpart there, so the twin leaves it out: elementwise work on the heads, a few percent of
+    # a call at most next to its products (our reading). llama_4_scaling_beta 0: Ministral3's
+    # position scaling of the queries is 1 (Qwen3 has none).
+    "sdar8b": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                   num_key_value_heads=8, head_dim=128, vocab_size=151936,
+                   rope_parameters={"rope_type": "default", "rope_theta": 1_000_000.0,
+                                    "original_max_position_embeddings": 16384, "llama_4_scaling_beta": 0.0}),
     # A toy shape for the benchmarks' own tests.
     "test": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, head_dim=8, vocab_size=64),
@@ -60,7 +70,9 @@ def shape_config(shape: str | None, config: str | None = None, layers: int | Non
         out = dict(read_config(config, f"config {config}"))
         out = dict(out.get("text_config", out), mask_token_id=out.get("mask_token_id", 3))
     elif shape in SHAPES:
-        out = dict(SHAPES[shape], max_position_embeddings=SHAPE_CONTEXT, rope_parameters=dict(_ROPE),
+        fields = dict(SHAPES[shape])
+        rope = dict(fields.pop("rope_parameters", _ROPE))
+        out = dict(fields, max_position_embeddings=SHAPE_CONTEXT, rope_parameters=rope,
                    rms_norm_eps=1e-5, tie_word_embeddings=False, pad_token_id=0, bos_token_id=1, eos_token_id=2,
                    mask_token_id=3)  # fmt: skip
     else:
