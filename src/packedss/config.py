@@ -226,9 +226,9 @@ def _validate_cost(cfg) -> None:
         if stray:
             raise PackedSSError(f"model.{stray[0]} is set but model.cost_shape is not; set model.cost_shape too")
         return
-    if model.family != "nemotron":
+    if model.family == "setdlm":
         raise PackedSSError(
-            f"model.cost_shape needs a nemotron-family model (the {model.family} adapter changes its cache itself, "
+            "model.cost_shape needs a nemotron- or sdar-family model (the setdlm adapter crops its own cache, "
             "which a cost twin does not reproduce)"
         )
     if model.lora:

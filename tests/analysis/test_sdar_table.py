@@ -365,15 +365,9 @@ def test_the_tiny_and_cost_presets_compose():
 
 
 def test_the_cost_preset_passes_the_sweep_checks():
-    from packedss.errors import InvalidJobs
     from packedss.plan import plan
 
-    try:
-        jobs = plan([["+experiment=sdar-cost"]])
-    except InvalidJobs as err:
-        if "cost_shape needs a nemotron-family model" in str(err):
-            pytest.xfail("packedss.config refuses a cost twin for the sdar family")
-        raise
+    jobs = plan([["+experiment=sdar-cost"]])
     assert [j.schedule for j in jobs] == ["ar", "linear", "packed", "sdar-native", "s2d2"]
 
 

@@ -295,6 +295,7 @@ def _no_loading(monkeypatch):
         (["model.cost_layers=4"], "model.cost_layers is set but model.cost_shape is not"),
         (["model.cost_shape=test", "model.lora=true"], "the cost twin has no proposal LoRA"),
         (["model.cost_shape=test", "model.cost_dtype=int8"], "invalid model.cost_dtype='int8'"),
+        (["model.cost_shape=test", "model.family=setdlm"], "needs a nemotron- or sdar-family model"),
     ],
 )
 def test_the_runner_refuses_bad_cost_settings_before_loading(composed, model_overrides, tmp_path, monkeypatch,

@@ -237,10 +237,21 @@ def transfer_counts(block: int, steps: int) -> list[int]:
     return [block // steps + (1 if k < block % steps else 0) for k in range(steps)]
 
 
-def denoised(logits: torch.Tensor, temperature: float, generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def distributions(logits: torch.Tensor, temperature: float, mask_token_id: int) -> torch.Tensor:
+    """softmax(logits / T), at T = 0 softmax(logits) (S2D2's greedy reading), with no mass on the
+    mask token: a block position is never resolved to MASK, so every block finishes. (The
+    releases leave the mask logit; a trained model does not propose it, and a release decode that
+    did would leave its block unfinished.)"""
+    logits = logits.clone()
+    logits[:, mask_token_id] = -torch.inf
+    return probabilities(logits, temperature or 1.0)
+
+
+def denoised(logits: torch.Tensor, temperature: float, generator,
+             mask_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """Each row's token (argmax at T = 0, else a sample), its probability, and the rows'
-    distributions: softmax(logits / T), at T = 0 softmax(logits) (S2D2's greedy reading)."""
-    probs = probabilities(logits, temperature or 1.0)
+    distributions (`distributions`)."""
+    probs = distributions(logits, temperature, mask_token_id)
     tokens = probs.argmax(dim=-1) if temperature == 0 else sample_tokens(probs, generator)
     return tokens, probs.gather(-1, tokens[:, None])[:, 0], probs
 
@@ -346,7 +357,7 @@ class _SDARNative(_BlockDiffusion):
         logits = yield self.call_of("denoise")
         self.model.commit(0)
         sampling = self.settings.sampling
-        proposal, confidence, _ = denoised(logits, sampling.temperature, sampling.generator)
+        proposal, confidence, _ = denoised(logits, sampling.temperature, sampling.generator, self.model.mask_token_id)
         count = min(self.transfers[self.step_index], self.unresolved)
         self.step_index += 1
         self.counted("denoise", self.fallback(confidence, proposal, count))
@@ -394,7 +405,7 @@ class _S2D2(_BlockDiffusion):
         logits = yield self.call_of("denoise", first_masked)
         self.model.commit(0)
         sampling = self.settings.sampling
-        proposal, confidence, probs = denoised(logits, sampling.temperature, sampling.generator)
+        proposal, confidence, probs = denoised(logits, sampling.temperature, sampling.generator, self.model.mask_token_id)
         span = first_masked + int(masked[first_masked:].to(torch.long).cumprod(dim=0).sum())
         span = range(first_masked, span)
         if verify_score(probs[span.start : span.stop], self.penalty) >= self.score_threshold:
@@ -417,7 +428,7 @@ class _S2D2(_BlockDiffusion):
         sampling = self.settings.sampling
         rows = torch.arange(span.start, span.stop, device=logits.device)
         drafts = proposal[rows]
-        q = probabilities(logits[self.block + rows], sampling.temperature or 1.0)
+        q = distributions(logits[self.block + rows], sampling.temperature, self.model.mask_token_id)
         p = probs[rows]
         picked = torch.arange(len(rows), device=logits.device)
         ratio = (q[picked, drafts] / p[picked, drafts].clamp(min=1e-12)).clamp(max=1.0)
