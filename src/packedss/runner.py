@@ -228,7 +228,7 @@ def call_model(job: ResolvedJob, weights: Weights, capacity: int):
     label = job.cost.label
     if label not in weights.cost_models:
         weights.cost_models[label] = build_cost_model(job.cost, weights.adapter)
-        print(f"cost twin: model time is that of {label} ({job.cost.params / 1e9:.2f}B parameters, random "
+        print(f"cost twin: model time is that of {label} ({job.cost.size} parameters, random "
               "weights)", file=sys.stderr)  # fmt: skip
     cost_model = weights.cost_models[label]
     return CostTwin(model, static_twin(cost_model, spec.compile, capacity) if static else cost_model, label)

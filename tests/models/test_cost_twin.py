@@ -351,3 +351,9 @@ def test_a_config_file_is_read_itself_not_its_directorys_config_json(tmp_path):
     (tmp_path / "other.json").write_text(json.dumps(dict(shape_config("test"), num_hidden_layers=1)))
     assert shape_config(None, str(tmp_path / "other.json"))["num_hidden_layers"] == 1
     assert shape_config(None, str(tmp_path))["num_hidden_layers"] == 2
+
+
+def test_a_cost_twin_names_its_size_in_the_unit_that_shows_it():
+    assert cost_twin.cost_spec("nemotron3b", 6, "bfloat16", torch.device("cpu")).size == "1.50B"
+    assert cost_twin.cost_spec("test", None, "float32", torch.device("cpu")).size.endswith("M")
+    assert cost_twin.cost_spec("test", None, "float32", torch.device("cpu")).size != "0.00M"

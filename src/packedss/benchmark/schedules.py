@@ -297,7 +297,7 @@ def run(s: BenchSettings) -> Report:
               f"interleaved={','.join(s.schedules)} regimes={','.join(regimes)} match reference={reference} "
               f"elapsed={time.perf_counter() - started:.0f}s torch={torch.__version__} date={time.strftime('%Y-%m-%d')}")  # fmt: skip
     if cost is not None:
-        header += f" cost twin={cost.label} ({cost.params / 1e9:.2f}B parameters, random weights)"
+        header += f" cost twin={cost.label} ({cost.size} parameters, random weights)"
     return Report(header, table, rows, compile_s, floors, checks, None if cost is None else cost.label)
 
 

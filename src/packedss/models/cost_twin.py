@@ -180,6 +180,11 @@ class CostSpec:
         return int(self.config.get("max_position_embeddings") or 0)
 
     @property
+    def size(self) -> str:
+        """The parameter count as people write it: 2.02B, 0.41M."""
+        return f"{self.params / 1e9:.2f}B" if self.params >= 10**8 else f"{self.params / 1e6:.2f}M"
+
+    @property
     def bytes(self) -> int:
         return self.params * torch.empty((), dtype=resolve_dtype(self.dtype)).element_size()
 
@@ -206,7 +211,7 @@ def cost_spec(shape: str, layers: int | None, dtype: str, device: torch.device, 
     free = available_bytes(device)
     if spec.bytes > free:
         raise PackedSSError(
-            f"cost model {spec.label} needs about {spec.bytes / 2**30:.1f} GiB ({params / 1e9:.2f}B parameters), "
+            f"cost model {spec.label} needs about {spec.bytes / 2**30:.1f} GiB ({spec.size} parameters), "
             f"but {device.type} has {max(free, 0) / 2**30:.1f} GiB free; cut it with fewer layers or a smaller dtype"
         )
     return spec
