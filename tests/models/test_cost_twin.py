@@ -240,7 +240,7 @@ def test_a_named_shape_is_cut_to_its_layers_and_labelled():
 @pytest.mark.parametrize(
     "shape,layers,dtype,message",
     [
-        ("nemotron5b", None, "bfloat16", "unknown shape 'nemotron5b'; valid: tiny, nemotron3b, nemotron8b, test"),
+        ("nemotron5b", None, "bfloat16", "unknown shape 'nemotron5b'; valid: tiny, nemotron3b, nemotron8b, sdar8b, test"),
         ("nemotron3b", 27, "bfloat16", "invalid layer count 27 for shape nemotron3b; valid: 1..26"),
         ("nemotron3b", 0, "bfloat16", "invalid layer count 0 for shape nemotron3b; valid: 1..26"),
         ("test", None, "int4", "invalid cost dtype 'int4'"),
