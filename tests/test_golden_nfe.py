@@ -1,4 +1,4 @@
-"""CI regression of NFE counts: per-question `nfe_total` and `output_hash` of the shipped tiny
+"""CI regression of NFE counts: per-question `nfe_total`, rows evaluated and `output_hash` of the shipped tiny
 models on fixed offline prompts, for every schedule and W in {4, 8, 16} ({3, 7, 15} on tiny-sdar) at T = 0 (float64).
 
 A change that moves any count fails here with a readable diff; regenerate deliberately with
@@ -72,6 +72,7 @@ def measure() -> dict:
                     out = run(schedule, width, question_id, ids, stop_check)
                     results[f"{name} {schedule} W={width} {question_id}"] = {
                         "nfe_total": out.nfe_total,
+                        "rows": sum(out.rows_evaluated),
                         "output_hash": output_hash(out.tokens),
                     }
     return results
@@ -86,21 +87,25 @@ def diff(expected: dict, measured: dict) -> list[str]:
             lines.append(f"{key}: new (not in the golden file)")
         else:
             old, new = expected[key], measured[key]
-            if old["nfe_total"] != new["nfe_total"]:
-                lines.append(f"{key}: nfe_total {old['nfe_total']} -> {new['nfe_total']}")
+            for count in ("nfe_total", "rows"):
+                if old.get(count) != new[count]:
+                    lines.append(f"{key}: {count} {old.get(count)} -> {new[count]}")
             if old["output_hash"] != new["output_hash"]:
                 lines.append(f"{key}: output_hash {old['output_hash'][:12]} -> {new['output_hash'][:12]}")
     return lines
 
 
 def test_diff_names_every_moved_count():
-    old = {"tiny packed W=8 q1": {"nfe_total": 20, "output_hash": "a" * 64}, "tiny ar W=1 q1": {"nfe_total": 9, "output_hash": "b" * 64}}
-    new = {"tiny packed W=8 q1": {"nfe_total": 22, "output_hash": "c" * 64}, "tiny ar W=1 q2": {"nfe_total": 9, "output_hash": "b" * 64}}
+    old = {"tiny packed W=8 q1": {"nfe_total": 20, "rows": 400, "output_hash": "a" * 64},
+           "tiny ar W=1 q1": {"nfe_total": 9, "rows": 30, "output_hash": "b" * 64}}
+    new = {"tiny packed W=8 q1": {"nfe_total": 22, "rows": 410, "output_hash": "c" * 64},
+           "tiny ar W=1 q2": {"nfe_total": 9, "rows": 30, "output_hash": "b" * 64}}
     assert diff(old, old) == []
     assert diff(old, new) == [
         "tiny ar W=1 q1: missing from this run",
         "tiny ar W=1 q2: new (not in the golden file)",
         "tiny packed W=8 q1: nfe_total 20 -> 22",
+        "tiny packed W=8 q1: rows 400 -> 410",
         "tiny packed W=8 q1: output_hash aaaaaaaaaaaa -> cccccccccccc",
     ]
 
