@@ -162,3 +162,28 @@ def test_an_output_cap_that_leaves_no_room_for_a_prompt_is_refused_by_both(short
     assert not (tmp_path / "records").exists()
     with pytest.raises(PackedSSError, match="leave no room for a prompt"):
         _bench_rows(max_new_tokens=no_room, model=str(short_context))
+
+
+def test_timing_repeats_decode_each_response_again_in_the_runner_and_the_benchmark(tmp_path, monkeypatch):
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "model=tiny", "schedule=packed", f"width={WIDTH}", f"limit={QUESTIONS}", "max_new_tokens=8", "repeats=3",
+            "device=cpu", "dtype=float32", "progress=false", f"out_dir={tmp_path / 'records'}"])  # fmt: skip
+    records, bad = read_records(runner.run_job(cfg).path)
+    assert bad == [] and len(records) == 3 * QUESTIONS
+    for question_id in {r["question_id"] for r in records}:
+        same = [r for r in records if r["question_id"] == question_id]
+        assert sorted(r["repeat"] for r in same) == [0, 1, 2]
+        assert len({r["output_hash"] for r in same}) == 1  # a repeat times the same response
+
+    calls = []
+    decode = schedules.decode
+    monkeypatch.setattr(schedules, "decode", lambda job, question: calls.append(question.question_id) or decode(job, question))
+    settings = schedules.BenchSettings(model="tiny", task="arith", limit=QUESTIONS, warmup=1, schedules=["packed"],
+                                       widths=[WIDTH], max_new_tokens=8, device="cpu", dtype="float32", grade=False,
+                                       n_resamples=50, stream_mib=1, repeats=3)  # fmt: skip
+    rows = schedules.run(settings).rows
+    assert len(rows) == QUESTIONS
+    timed = {row["question_id"] for row in rows}
+    assert all(calls.count(question_id) == 3 for question_id in timed)  # each timed question decoded 3 times
