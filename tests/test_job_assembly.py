@@ -187,3 +187,17 @@ def test_timing_repeats_decode_each_response_again_in_the_runner_and_the_benchma
     assert len(rows) == QUESTIONS
     timed = {row["question_id"] for row in rows}
     assert all(calls.count(question_id) == 3 for question_id in timed)  # each timed question decoded 3 times
+
+
+def test_a_models_end_of_turn_tokens_end_every_response_like_eos(tmp_path):
+    from packedss.job import job_spec as spec_of
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "model=tiny", "schedule=packed", f"width={WIDTH}", "limit=1", "max_new_tokens=8", 'model.end_of_turn=["<|pad|>"]',
+            "device=cpu", "dtype=float32", "progress=false", f"out_dir={tmp_path / 'records'}"])  # fmt: skip
+    resources = runner.job_resources(spec_of(cfg))
+    pad = resources.tokenizer.convert_tokens_to_ids("<|pad|>")
+    settings = resources.settings(resources.questions[0].question_id, 0)
+    assert pad in settings.eos_token_ids and set(resources.eos_token_ids) > {pad}
