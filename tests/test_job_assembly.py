@@ -201,3 +201,18 @@ def test_a_models_end_of_turn_tokens_end_every_response_like_eos(tmp_path):
     pad = resources.tokenizer.convert_tokens_to_ids("<|pad|>")
     settings = resources.settings(resources.questions[0].question_id, 0)
     assert pad in settings.eos_token_ids and set(resources.eos_token_ids) > {pad}
+
+
+@pytest.mark.parametrize("rule", ["rejection", "match"])
+def test_the_configured_verification_rule_is_the_one_every_response_samples_with(tmp_path, rule):
+    from packedss.job import job_spec as spec_of
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        cfg = compose(config_name="config", overrides=[
+            "model=tiny", "schedule=packed", f"width={WIDTH}", "limit=1", "temperature=1.0", f"verify={rule}",
+            "device=cpu", "dtype=float32", "progress=false", f"out_dir={tmp_path / 'records'}"])  # fmt: skip
+    job = spec_of(cfg)
+    resources = runner.job_resources(job)
+    sampling = resources.settings(resources.questions[0].question_id, 0).sampling
+    assert (sampling.rule, sampling.temperature, job.identity.verify) == (rule, 1.0, rule)
