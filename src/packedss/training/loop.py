@@ -7,6 +7,7 @@ every `save_every` steps, so a stopped run still leaves a usable model.
 
 from __future__ import annotations
 
+import json
 import math
 import random
 import shutil
@@ -117,6 +118,17 @@ def seed_all(seed: int) -> None:
 
 def make_sampler(examples, config: TrainConfig) -> Sampler:
     return Sampler(examples, config.mix, config.seed)
+
+
+def record_training(directory: Path, extra: dict) -> None:
+    """Add the training record to a written checkpoint's config.json (the loaders ignore it) and
+    drop the release's `auto_map`: no custom code ships here, and without it AutoTokenizer loads
+    the directory offline without asking whether to trust (nonexistent) remote code."""
+    config_path = Path(directory) / "config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("auto_map", None)
+    config.update(extra)
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def save_checkpoint(out_dir: Path, backbone, head, tok, extra: dict, writer: Callable) -> None:

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from packedss.errors import PackedSSError
 from packedss.training.corpus import build_corpus, describe_examples, encode_examples, special_ids, train_tokenizer
 from packedss.training.layouts import IGNORE, collate, sdar_layout
-from packedss.training.loop import TrainConfig, make_sampler, seed_all, train_and_save
+from packedss.training.loop import record_training, TrainConfig, make_sampler, seed_all, train_and_save
 from packedss.training.setdlm import qwen3_config
 
 EPS = 1e-3  # the release's minimum masking probability
@@ -53,13 +53,7 @@ def sdar_writer(ids: dict[str, int], block_size: int):
     def write(directory: Path, backbone, head, extra: dict) -> None:
         save_sdar(directory, backbone, head, mask_token_id=ids["mask"], eos_token_ids=(ids["eos"],),
                   block_size=block_size)  # fmt: skip
-        config_path = Path(directory) / "config.json"
-        config = json.loads(config_path.read_text())
-        # No custom code ships here: without the release's auto_map, AutoTokenizer loads the
-        # directory offline without asking whether to trust (nonexistent) remote code.
-        config.pop("auto_map", None)
-        config.update(extra)
-        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        record_training(directory, extra)
 
     return write
 

@@ -9,7 +9,6 @@ own position's token, with the mask token's logit at -inf (SetDLM._forward).
 
 from __future__ import annotations
 
-import json
 import random
 import tempfile
 import time
@@ -20,7 +19,7 @@ import torch.nn.functional as F
 
 from packedss.training.corpus import build_corpus, describe_examples, encode_examples, special_ids, train_tokenizer
 from packedss.training.layouts import IGNORE, collate, set_layout
-from packedss.training.loop import TrainConfig, backbone_config, make_sampler, seed_all, train_and_save
+from packedss.training.loop import record_training, TrainConfig, backbone_config, make_sampler, seed_all, train_and_save
 
 SET_BASE = "none: trained from scratch by scripts/train_tiny.py --family setdlm"
 
@@ -39,13 +38,7 @@ def setdlm_writer(ids: dict[str, int], smax: int):
 
     def write(directory: Path, backbone, head, extra: dict) -> None:
         save_setdlm(directory, backbone, head, mask_token_id=ids["mask"], eos_token_id=ids["eos"], smax=smax, base=SET_BASE)
-        config_path = Path(directory) / "config.json"
-        config = json.loads(config_path.read_text())
-        # No custom code ships here: without the release's auto_map, AutoTokenizer loads the
-        # directory offline without asking whether to trust (nonexistent) remote code.
-        config.pop("auto_map", None)
-        config.update(extra)
-        config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        record_training(directory, extra)
 
     return write
 
