@@ -45,9 +45,13 @@ SWEEP = ["schedule=ar,packed", "limit=3"]
 REQUEUED_QUESTIONS = 16
 REQUEUED = ["schedule=ar,packed", f"limit={REQUEUED_QUESTIONS}", "hydra.launcher.array_parallelism=1"]
 # SLURM signals a job at its first time-limit check (every 30 s) that falls within
-# signal_delay_s + 30 s of the limit: with a 1-minute limit and 12 s, 18 to 48 s into each run.
+# signal_delay_s + 30 s of the limit. The time-limited job starts with a long limit, cut to whole
+# minutes at least LIMIT_MARGIN_S ahead once its first run has written a record (its start-up
+# takes longer on a loaded machine than a short limit leaves): the signal then comes at most
+# 60 + LIMIT_MARGIN_S - SIGNAL_DELAY_S seconds after the cut.
 SIGNAL_DELAY_S = 12
-TIME_LIMITED_WORK_S = 45  # more than a first run can do before its signal, its start-up included
+LIMIT_MARGIN_S = 5
+TIME_LIMITED_WORK_S = 70  # more decoding than a first run can do between the cut and its signal
 DEADLINE_S = 400
 STARTED = time.monotonic()
 
@@ -152,8 +156,13 @@ def finished(sweep: Sweep) -> None:
 
 @scenario
 def time_limited(sweep: Sweep) -> None:
-    sweep.facts["job"] = sweep.job(("RUNNING",))
+    job = sweep.facts["job"] = sweep.job(("RUNNING",))
+    running = time.monotonic()
     sweep.mark("running")
+    if job and sweep.wait_for(lambda: sweep.records() >= 1, 0.05):
+        minutes = math.ceil((time.monotonic() - running + LIMIT_MARGIN_S) / 60)
+        sweep.cluster.command("scontrol", "update", f"JobId={job}", f"TimeLimit={minutes}")
+        sweep.mark("limit cut")
     # its second run gets a longer limit, so that two runs finish the job whatever this machine's speed
     sweep.facts["requeued"] = sweep.release_after_requeue("TimeLimit=10")
 
@@ -204,7 +213,7 @@ def run_scenarios(cluster: Cluster, folder: Path) -> dict:
     global STARTED
     STARTED = time.monotonic()
     responses = math.ceil(TIME_LIMITED_WORK_S / seconds_per_ar_response(folder / "calibration"))
-    time_limit = ["schedule=ar", f"limit={responses}", f"task.n={max(200, responses)}", "hydra.launcher.timeout_min=1",
+    time_limit = ["schedule=ar", f"limit={responses}", f"task.n={max(200, responses)}", "hydra.launcher.timeout_min=10",
                   f"hydra.launcher.signal_delay_s={SIGNAL_DELAY_S}"]  # fmt: skip
     with ThreadPoolExecutor(max_workers=6) as pool:
         # the longest chain first: the time-limited job takes one CPU, the requeued one then the other
