@@ -3,9 +3,13 @@ that it ended with exactly one `error: ` line, its exit status, and no record fi
 
 from __future__ import annotations
 
+import atexit
+import json
 import os
+import select
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from packedss.paths import PROJECT_ROOT
@@ -27,8 +31,67 @@ def run_py_command(args: list[str], tmp_path: Path) -> list[str]:
 
 
 def run(command: list[str], tmp_path: Path, cwd: Path | None = None, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(command, capture_output=True, text=True, env=offline_env(tmp_path), cwd=cwd or tmp_path,
-                          timeout=600, **kwargs)  # fmt: skip
+    """`command` run as a user runs it, its output captured. A Python entry point (`python
+    SCRIPT ...` or `python -m MODULE ...`) runs in a child of the fork server, which has imported
+    the libraries already (tests/entry_server.py); anything else in a process of its own.
+    tests/test_bad_inputs.py checks that both give the same status and output."""
+    env, cwd = offline_env(tmp_path), Path(cwd or tmp_path)
+    if command[0] == sys.executable and len(command) > 1 and not kwargs:
+        return forked(command, env, cwd)
+    return fresh(command, env, cwd, **kwargs)
+
+
+def fresh(command: list[str], env: dict, cwd: Path, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(command, capture_output=True, text=True, env=env, cwd=cwd, timeout=600, **kwargs)
+
+
+class ForkServer:
+    """tests/entry_server.py in a process of its own, started on first use (one per test process)."""
+
+    def __init__(self) -> None:
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> subprocess.Popen:
+        if self.process is None or self.process.poll() is not None:
+            home = Path(tempfile.mkdtemp(prefix="entry-server-"))
+            self.process = subprocess.Popen([sys.executable, str(PROJECT_ROOT / "tests" / "entry_server.py")],
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                                            env=offline_env(home), cwd=home)  # fmt: skip
+            atexit.register(self.process.kill)
+            assert json.loads(self.answer(self.process, 600)) == {"ready": True}
+        return self.process
+
+    @staticmethod
+    def answer(process: subprocess.Popen, timeout: float) -> str:
+        ready, _, _ = select.select([process.stdout], [], [], timeout)
+        if not ready:
+            process.kill()
+            raise subprocess.TimeoutExpired(process.args, timeout)
+        line = process.stdout.readline()
+        assert line, f"the fork server ended with status {process.wait()}"
+        return line
+
+    def run(self, request: dict, timeout: float = 600) -> int:
+        process = self.start()
+        process.stdin.write(json.dumps(request) + "\n")
+        process.stdin.flush()
+        return json.loads(self.answer(process, timeout))["status"]
+
+
+FORK_SERVER = ForkServer()
+
+
+def forked(command: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
+    """`command` (sys.executable SCRIPT ... or sys.executable -m MODULE ...) in a fork server child."""
+    with tempfile.TemporaryDirectory(prefix="entry-output-") as folder:
+        out, err = Path(folder) / "stdout", Path(folder) / "stderr"
+        request = {"env": env, "cwd": str(cwd), "stdout": str(out), "stderr": str(err)}
+        if command[1] == "-m":
+            request |= {"module": command[2], "argv": [command[2], *command[3:]]}
+        else:
+            request |= {"path": command[1], "argv": command[1:]}
+        status = FORK_SERVER.run(request)
+        return subprocess.CompletedProcess(command, status, out.read_text(), err.read_text())
 
 
 def run_py(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:

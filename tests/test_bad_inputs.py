@@ -17,6 +17,7 @@ import pytest
 
 from packedss.paths import PROJECT_ROOT
 from packedss.records import read_records
+from tests import bad_inputs
 from tests.bad_inputs import error_line, offline_env, run, run_py, run_py_command
 from tests.test_runner import record_file
 
@@ -70,6 +71,32 @@ def test_bad_input_leaves_no_hydra_run_directory(override, tmp_path):
     command = [sys.executable, str(PROJECT_ROOT / "run.py"), override]  # Hydra's own outputs/<date>/<time>
     error_line(run(command, tmp_path))
     assert not (tmp_path / "outputs").exists()
+
+
+ENTRY_POINTS = [
+    # (command past the interpreter, extra environment): each kind of entry point once, with what
+    # the fork server must hand on (the working directory, the environment, argv)
+    ([str(PROJECT_ROOT / "run.py"), "widht=3"], {}),
+    ([str(PROJECT_ROOT / "run.py"), "threads=-3"], {"PACKEDSS_TRACEBACK": "1"}),
+    (["-m", "packedss.grade", "present.jsonl"], {}),
+    (["-m", "packedss.plan", "+experiment=tabel6"], {}),
+    (["-m", "packedss.analysis", "nowhere", "--tables", "6"], {}),
+    ([str(PROJECT_ROOT / "scripts" / "bench_schedules.py"), "--model", "tinyy"], {}),
+]
+
+
+@pytest.mark.parametrize("arguments,extra", ENTRY_POINTS, ids=lambda v: " ".join(v)[-40:] if isinstance(v, list) else "")
+def test_the_fork_server_gives_what_a_fresh_interpreter_gives(arguments, extra, tmp_path):
+    """The bad-input tests run their entry points in a fork server's children (tests/bad_inputs.py);
+    each kind of entry point gives there the status and output it gives from a fresh interpreter."""
+    (tmp_path / "present.jsonl").write_text("not records\n")  # found only from the working directory
+    command = [sys.executable, *arguments]
+    if command[1].endswith("run.py"):
+        command += [f"hydra.run.dir={tmp_path}/hydra"]
+    env = offline_env(tmp_path, **extra)
+    fresh, forked = bad_inputs.fresh(command, env, tmp_path), bad_inputs.forked(command, env, tmp_path)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (fresh.returncode, fresh.stdout, fresh.stderr)
+    assert fresh.returncode == 2 and fresh.stderr.splitlines()[-1].startswith("error: ")
 
 
 def test_the_traceback_is_shown_behind_the_variable(tmp_path):
