@@ -18,6 +18,7 @@ from packedss.paths import CONF_DIR, PROJECT_ROOT
 from packedss.errors import PackedSSError
 from packedss.records import RECORD_FIELDS, read_records
 from packedss.runner import run_job
+from tests import bad_inputs
 
 TIMING_FIELDS = {"wall_s", "model_s", "nonmodel_s", "call_model_s", "latency_s", "code_version"}
 def offline_env(tmp_path: Path) -> dict:
@@ -27,11 +28,7 @@ def offline_env(tmp_path: Path) -> dict:
 
 
 def run_py(args: list[str], tmp_path: Path, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(
-        [sys.executable, str(PROJECT_ROOT / "run.py"), *args, f"hydra.run.dir={tmp_path}/hydra",
-         f"hydra.sweep.dir={tmp_path}/hydra-multi"],
-        capture_output=True, text=True, env=offline_env(tmp_path), cwd=tmp_path, timeout=600,
-    )  # fmt: skip
+    result = bad_inputs.run_py(args, tmp_path)  # python run.py ..., in a fork server's child
     if check:
         assert result.returncode == 0, result.stderr[-3000:]
     return result

@@ -15,6 +15,7 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from packedss.errors import PackedSSError
+from tests import bad_inputs
 from tests.test_runner import readable_name, record_file
 from packedss.plan import TASK_SIZES, format_plan, main, plan, task_size
 from packedss.paths import PROJECT_ROOT
@@ -26,11 +27,9 @@ SWEEPER = "hydra/sweeper=packedss"
 
 
 def run_sweep(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
-    return subprocess.run(
-        [sys.executable, str(PROJECT_ROOT / "run.py"), "-m", SWEEPER, *args, f"hydra.sweep.dir={tmp_path}/multirun"],
-        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=900,
-    )  # fmt: skip
+    """python run.py -m ..., in a fork server's child (tests/bad_inputs.py)."""
+    return bad_inputs.run([sys.executable, str(PROJECT_ROOT / "run.py"), "-m", SWEEPER, *args,
+                           f"hydra.sweep.dir={tmp_path}/multirun"], tmp_path)  # fmt: skip
 
 
 def test_grids_expand_as_hydras_product_each_and_their_union():
