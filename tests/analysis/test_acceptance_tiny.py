@@ -2,7 +2,6 @@
 identities that tie the profiles and latencies to the records. Skipped until the tiny model is in
 assets/models/tiny; kept small (3 questions, 40 tokens)."""
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 
 from packedss.analysis import load_results
 from packedss.analysis.acceptance import acceptance_profiles, response_latency
+from tests import bad_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "assets" / "models" / "tiny"
@@ -21,12 +21,12 @@ pytestmark = pytest.mark.xdist_group("tiny-acceptance-runs")  # one xdist worker
 @pytest.fixture(scope="module")
 def tiny_results(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny-acceptance")
-    subprocess.run(
+    done = bad_inputs.run(
         [sys.executable, str(ROOT / "run.py"), "-m", "model=tiny", "task=arith", f"schedule={','.join(SCHEDULES)}",
          "width=8", "temperature=0,1", "limit=3", "max_new_tokens=40", "device=cpu", "progress=false",
-         f"out_dir={folder / 'records'}"],
-        cwd=folder, check=True, capture_output=True, text=True, timeout=300,
+         f"out_dir={folder / 'records'}"], folder,
     )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
     return load_results(folder, n_resamples=199)
 
 

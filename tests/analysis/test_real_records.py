@@ -1,7 +1,6 @@
 """The analysis on real records of the tiny model (run.py, offline, CPU). Skipped until the tiny
 model is in assets/models/tiny; kept small (2 questions, 32 tokens) so it stays fast."""
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 from packedss.analysis import load_results
 from packedss.analysis.__main__ import main
 from packedss.analysis.tables import TABLES
+from tests import bad_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "assets" / "models" / "tiny"
@@ -18,11 +18,12 @@ TINY = ROOT / "assets" / "models" / "tiny"
 @pytest.mark.skipif(not (TINY / "config.json").exists(), reason="tiny model not trained yet (assets/models/tiny)")
 def test_analysis_of_tiny_model_records(tmp_path):
     records = tmp_path / "records"
-    subprocess.run(
+    done = bad_inputs.run(
         [sys.executable, str(ROOT / "run.py"), "-m", "model=tiny", "task=arith", "schedule=linear,packed", "width=4",
          "limit=2", "max_new_tokens=32", "device=cpu", f"out_dir={records}", f"hydra.sweep.dir={tmp_path / 'hydra'}"],
-        cwd=tmp_path, check=True, capture_output=True, text=True, timeout=240,
+        tmp_path,
     )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
     results = load_results(tmp_path, n_resamples=200)
     assert results.loaded.bad_lines == [] and len(results.loaded.frame) == 4
     table6 = TABLES[6].function(results.per_question, results.comparisons, False)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import csv
 import math
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from packedss.analysis.tables import TABLES
 from packedss.families import FAMILIES
 from packedss.records import validate_record
 from tests.analysis.synthetic import make_record, write_records
+from tests import bad_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY_SDAR = ROOT / "assets" / "models" / "tiny-sdar"
@@ -291,12 +291,12 @@ def tiny_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny-sdar")
     checkpoint = root / "tiny-sdar"  # a copy: a checkpoint being rewritten is never read half-written
     shutil.copytree(TINY_SDAR, checkpoint)
-    subprocess.run(
+    done = bad_inputs.run(
         [sys.executable, str(ROOT / "run.py"), "-m", "+experiment=sdar-tiny", "limit=3", "max_new_tokens=32", "threads=1",
          "device=cpu", "progress=false", f"model.path={checkpoint}", f"out_dir={root / 'records'}",
-         f"hydra.sweep.dir={root / 'hydra'}"],
-        cwd=root, check=True, capture_output=True, text=True, timeout=600,
+         f"hydra.sweep.dir={root / 'hydra'}"], root,
     )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
     assert main([str(root), "--tables", "sdar,2", "--n-resamples", "99"]) == 0
     return root
 

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
 import sys
 
 import pytest
@@ -26,6 +24,7 @@ from packedss.models.static import end_warmup, static_capacity
 from packedss.paths import PROJECT_ROOT
 from packedss.records import read_records
 from tests.conftest import EOS_ID, write_random_nemotron
+from tests import bad_inputs
 
 WIDTH = 3
 PROMPTS = [[5, 9, 11, 30, 7], [4, 4, 12], list(range(4, 20))]
@@ -326,12 +325,10 @@ def test_the_runner_refuses_a_twin_shorter_than_the_run(composed, model_override
 
 def test_run_py_with_a_cost_twin_writes_the_plain_outputs_and_says_whose_time(model_overrides, tmp_path):
     def run(*extra):
-        result = subprocess.run(
+        return bad_inputs.run(
             [sys.executable, str(PROJECT_ROOT / "run.py"), *model_overrides, "schedule=packed", "limit=2",
-             "max_new_tokens=24", f"out_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path}/hydra", *extra],
-            capture_output=True, text=True, cwd=tmp_path, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"},
+             "max_new_tokens=24", f"out_dir={tmp_path / 'out'}", f"hydra.run.dir={tmp_path}/hydra", *extra], tmp_path,
         )  # fmt: skip
-        return result
 
     bad = run("model.cost_shape=nosuch")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith("error: unknown shape 'nosuch'")
