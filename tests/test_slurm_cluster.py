@@ -42,7 +42,7 @@ LAUNCHER = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.lau
             "hydra.launcher.mem_gb=2"]  # fmt: skip
 VOLATILE_FIELDS = TIMING_FIELDS | {"compile_s", "slurm"}
 SWEEP = ["schedule=ar,packed", "limit=3"]
-REQUEUED_QUESTIONS = 16
+REQUEUED_QUESTIONS = 32  # 30 left at the requeue: their decoding outlasts its delivery on a loaded machine
 REQUEUED = ["schedule=ar,packed", f"limit={REQUEUED_QUESTIONS}", "hydra.launcher.array_parallelism=1"]
 # SLURM signals a job at its first time-limit check (every 30 s) that falls within
 # signal_delay_s + 30 s of the limit. The time-limited job starts with a long limit, cut to whole
