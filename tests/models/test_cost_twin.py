@@ -20,7 +20,7 @@ from packedss.errors import PackedSSError
 from packedss.models import cost_twin
 from packedss.models.cost_twin import CostTwin, build_cost_model, cost_spec, parameter_count, random_adapter, shape_config
 from packedss.models.nemotron import load_nemotron
-from packedss.models.static import end_warmup, static_capacity
+from packedss.models.static import static_capacity
 from packedss.paths import PROJECT_ROOT
 from packedss.records import read_records
 from tests.conftest import EOS_ID, write_random_nemotron
