@@ -7,6 +7,7 @@ import atexit
 import json
 import os
 import select
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -57,7 +58,8 @@ class ForkServer:
             self.process = subprocess.Popen([sys.executable, str(PROJECT_ROOT / "tests" / "entry_server.py")],
                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                                             env=offline_env(home), cwd=home)  # fmt: skip
-            atexit.register(self.process.kill)
+            atexit.register(shutil.rmtree, home, ignore_errors=True)
+            atexit.register(self.process.kill)  # runs first: atexit calls in reverse order
             assert json.loads(self.answer(self.process, 600)) == {"ready": True}
         return self.process
 

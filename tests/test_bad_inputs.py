@@ -352,6 +352,28 @@ def test_enospc_part_way_through_a_record_leaves_the_file_as_it_was(tmp_path, mo
     assert path.read_bytes() == before
 
 
+SIGTERM_IN_MAIN = """
+import os, signal, sys
+from packedss.errors import run_cli
+if sys.argv[1] == "handled":
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(7))  # a launcher's own handler, e.g. submitit's
+run_cli(lambda: os.kill(os.getpid(), signal.SIGTERM))
+"""
+
+
+@pytest.mark.parametrize("before, status, stderr", [
+    ("default", 143, "error: stopped by SIGTERM; rerun the same command to resume\n"),
+    ("handled", 7, ""),
+])  # fmt: skip
+def test_every_entry_point_stops_on_sigterm_with_one_line_unless_a_launcher_handles_it(before, status, stderr):
+    """The entry points other than run.py (grade, plan, analysis, the scripts) get their SIGTERM
+    handling from run_cli alone: a preempted one ends like a stopped job, a handler that a launcher
+    installed first is left to it."""
+    result = subprocess.run([sys.executable, "-c", SIGTERM_IN_MAIN, before], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")})  # fmt: skip
+    assert (result.returncode, result.stderr) == (status, stderr)
+
+
 def test_a_stop_that_omegaconf_re_raises_keeps_its_signal():
     """OmegaConf re-raises an exception raised inside it as type(err)(its own message); a signal
     arriving while the config is processed must still stop with its own status."""
