@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from packedss.errors import Stopped
 from packedss.paths import PROJECT_ROOT
 from packedss.records import read_records
 from tests import bad_inputs
@@ -297,6 +298,28 @@ def test_a_signal_while_the_libraries_load_is_one_line_too(signum, status, tmp_p
     assert process.returncode == status, stderr[-3000:]
     assert len(stderr.splitlines()) == 1 and stderr.startswith("error: ") and "rerun the same command" in stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("signum, status", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_while_run_py_imports_hydra_and_torch_is_one_line_too(signum, status, tmp_path):
+    """The first second of run.py, before Hydra starts: `-X importtime` reports each module once
+    it is imported, so the signal is sent once hydra is in and torch is still loading."""
+    command = run_py_command([f"out_dir={tmp_path / 'out'}"], tmp_path)
+    process = subprocess.Popen([command[0], "-X", "importtime", *command[1:]], stderr=subprocess.PIPE, text=True,
+                               stdout=subprocess.DEVNULL, env=offline_env(tmp_path), cwd=tmp_path,
+                               preexec_fn=default_sigint)  # fmt: skip
+    before = []
+    for line in process.stderr:
+        before.append(line.rstrip())
+        if before[-1].endswith("| hydra"):
+            process.send_signal(signum)
+            break
+    after = process.stderr.readlines()
+    process.wait(timeout=120)
+    assert not any(line.endswith("| torch") for line in before), "torch was imported before the signal"
+    reported = [line for line in after if not line.startswith("import time:")]
+    assert (process.returncode, reported) == (status, [f"error: {Stopped(signum)}\n"])
+    assert not (tmp_path / "out").exists()
 
 
 # --------------------------------------------------------------------------- sweeps
