@@ -15,7 +15,6 @@ table, and --json FILE writes every figure.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -29,6 +28,9 @@ import torch  # noqa: E402
 
 from packedss.paths import PROJECT_ROOT  # noqa: E402
 from packedss.decoding import LTRSettings, Sampling, decode_ltr  # noqa: E402
+from packedss.errors import ArgumentParser, number, run_cli  # noqa: E402
+from packedss.families import family_named  # noqa: E402
+from packedss.models.checkpoint import DTYPES  # noqa: E402
 from packedss.models.nemotron import load_nemotron  # noqa: E402
 from packedss.tasks.stops import make_stop_check, output_text  # noqa: E402
 
@@ -162,16 +164,17 @@ def write_card(path: Path, block: str) -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = ArgumentParser(prog="scripts/eval_tiny.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=str(PROJECT_ROOT / "assets/models/tiny"))
     ap.add_argument("--lora", default=None, help="PEFT proposal LoRA directory (e.g. assets/models/tiny-lora)")
-    ap.add_argument("--n", type=int, default=100, help="arith test questions")
-    ap.add_argument("--seed", type=int, default=0, help="arith generator seed")
-    ap.add_argument("--width", type=int, default=8)
-    ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--schedules", nargs="+", default=["ar", "linear", "quadratic", "packed"])
-    ap.add_argument("--dtype", default="float32")
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--n", type=number(int, 1), default=100, help="arith test questions")
+    ap.add_argument("--seed", type=number(int, 0), default=0, help="arith generator seed")
+    ap.add_argument("--width", type=number(int, 1), default=8)
+    ap.add_argument("--max-new-tokens", type=number(int, 1), default=256)
+    ap.add_argument("--schedules", nargs="+", default=["ar", "linear", "quadratic", "packed"],
+                    choices=family_named("nemotron").schedules)  # fmt: skip
+    ap.add_argument("--dtype", default="float32", choices=tuple(DTYPES))
+    ap.add_argument("--threads", type=number(int, 1), default=2)
     ap.add_argument("--card", default=None, help="model card to update (between the eval markers)")
     ap.add_argument("--json", default=None, help="write all figures and outputs here")
     args = ap.parse_args(argv)
@@ -179,9 +182,16 @@ def main(argv=None) -> int:
 
     from transformers import AutoTokenizer
 
-    from packedss.models.lora import attach_proposal_lora, detach_proposal_lora
+    from packedss.models.lora import attach_proposal_lora, detach_proposal_lora, read_peft_config
     from packedss.tasks import load_task, load_task_config
 
+    # What would fail only after the base model's decodes, checked before them.
+    if args.lora:
+        read_peft_config(args.lora)
+    if args.json and not Path(args.json).absolute().parent.is_dir():
+        ap.error(f"--json {args.json}: its directory does not exist; create it or write the JSON elsewhere")
+    if args.card and not Path(args.card).is_file():
+        ap.error(f"--card {args.card}: no such model card; name an existing README.md (its eval markers are rewritten)")
     started = time.time()
     adapter = load_nemotron(args.model, dtype=args.dtype)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -243,4 +253,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_cli(main)

@@ -22,7 +22,6 @@ K steps of the N-step schedule).
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 from pathlib import Path
@@ -34,6 +33,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
+from packedss.errors import ArgumentParser, number, run_cli  # noqa: E402
 from packedss.paths import PROJECT_ROOT  # noqa: E402
 from packedss.training import TrainConfig, train_nemotron, train_proposal_lora, train_sdar, train_setdlm  # noqa: E402
 
@@ -41,8 +41,8 @@ DEFAULT_STEPS = {"nemotron": 3800, "setdlm": 2800, "sdar": 3000}
 DEFAULTS = TrainConfig()
 
 
-def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parser() -> ArgumentParser:
+    ap = ArgumentParser(prog="scripts/train_tiny.py", description=__doc__.split("\n\n")[0])
 
     def setting(flag: str, text: str | None = None, **kwargs) -> None:
         """A flag of a TrainConfig field, with the field's default."""
@@ -64,12 +64,12 @@ def parser() -> argparse.ArgumentParser:
         "--init-from", default=None,
         help="start from this checkpoint instead of a fresh model (nemotron: a tiny checkpoint; sdar: a tiny-set one)",
     )  # fmt: skip
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=number(int, 1), default=2)
     ap.add_argument(
         "--data-dir", default=os.environ.get("PACKEDSS_DATA_DIR", str(PROJECT_ROOT.parent / "shared" / "data")),
         help="directory with gsm8k_train.jsonl (left out when the directory is absent)",
     )  # fmt: skip
-    ap.add_argument("--steps", type=int, default=None, help="default 3800 (nemotron), 2800 (setdlm), 3000 (sdar)")
+    ap.add_argument("--steps", type=number(int, 1), default=None, help="default 3800 (nemotron), 2800 (setdlm), 3000 (sdar)")
     setting("--seed")
     setting("--arith-n")
     setting("--code-bytes")
@@ -114,13 +114,26 @@ def parser() -> argparse.ArgumentParser:
     return ap
 
 
+def check_checkpoints(ap: ArgumentParser, args) -> None:
+    """The checkpoints a run starts from exist, before any training (which takes minutes)."""
+    if args.init_from and (args.lora or args.family == "setdlm"):
+        ap.error("--init-from applies to --family nemotron and sdar; drop it (--lora starts from --base)")
+    if args.base and not args.lora:
+        ap.error("--base applies to --lora only; drop it, or add --lora")
+    for flag, path in (("--base", args.base), ("--init-from", args.init_from)):
+        if path and not (Path(path) / "config.json").is_file():
+            ap.error(f"{flag} {path}: not a checkpoint directory (no config.json); name one, e.g. assets/models/tiny")
+
+
 def shown(path: Path) -> str:
     """A path as the training record names it: relative to the repository when inside it."""
     return str(path.relative_to(PROJECT_ROOT)) if path.is_relative_to(PROJECT_ROOT) else str(path)
 
 
 def main(argv=None) -> None:
-    args = parser().parse_args(argv)
+    ap = parser()
+    args = ap.parse_args(argv)
+    check_checkpoints(ap, args)
     settings = vars(args)
     if args.data_dir and not Path(args.data_dir).is_dir():
         settings["data_dir"] = None
@@ -141,4 +154,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_cli(main)

@@ -74,3 +74,27 @@ def test_every_schedule_states_its_facts():
             assert all(decoder.largest_call_rows(w) >= 1 for w in (1, 8, 31))
             if decoder.rows_formula:
                 assert decoder.rows_per_iteration(8) >= decoder.largest_call_rows(8)
+
+
+def _main_blocks(path: Path) -> list[ast.If]:
+    """The module's `if __name__ == "__main__":` blocks."""
+    return [
+        node for node in ast.parse(path.read_text()).body
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+        and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"
+    ]  # fmt: skip
+
+
+def test_every_entry_point_runs_its_main_through_run_cli():
+    """run_cli gives each command its one error line, its exit status and its SIGTERM handling
+    (tests/test_bad_inputs.py holds run_cli to them): every command a user runs goes through it.
+    The sandbox's child is not one: the grader starts it and reads its status."""
+    root = PACKAGE.parent.parent
+    commands = [root / "run.py", *sorted((root / "scripts").glob("*.py")), *_modules()]
+    entry_points = [p for p in commands if _main_blocks(p) and p.name != "_sandbox_child.py"]
+    without = [
+        str(p.relative_to(root)) for p in entry_points
+        if not any(isinstance(call, ast.Call) and getattr(call.func, "id", None) == "run_cli"
+                   for block in _main_blocks(p) for call in ast.walk(block))
+    ]  # fmt: skip
+    assert len(entry_points) >= 14 and without == []

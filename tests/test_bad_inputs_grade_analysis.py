@@ -223,10 +223,23 @@ def test_plan_lists_each_invalid_job_on_its_own_line(tmp_path):
     ("gpu_concurrency.py", ["--out", "o", "--json", "nowhere/x.json", "--device", "cpu"], "its directory does not exist"),
     ("gpu_concurrency.py", ["--out", "o", "--json", "x.json", "--schedules", "ar,lineer"], "argument --schedules: unknown lineer; valid: ar, linear"),
     ("gpu_concurrency.py", ["--out", "o", "--json", "x.json", "--device", "cpu", "--schedules", "linear,packed"], "--schedules without ar"),
+    ("eval_tiny.py", ["--widht", "8"], "unrecognized arguments: --widht 8; see scripts/eval_tiny.py --help"),
+    ("eval_tiny.py", ["--n", "0"], "argument --n: expected an integer >= 1, got '0'"),
+    ("eval_tiny.py", ["--schedules", "ar", "packd"], "argument --schedules: invalid choice: 'packd'"),
+    ("eval_tiny.py", ["--model", "nowhere"], "model directory nowhere does not exist"),
+    ("eval_tiny.py", ["--lora", "nowhere"], "proposal LoRA: nowhere has no adapter_config.json"),
+    ("eval_tiny.py", ["--json", "nowhere/x.json"], "--json nowhere/x.json: its directory does not exist"),
+    ("eval_tiny.py", ["--card", "nowhere.md"], "--card nowhere.md: no such model card"),
+    ("train_tiny.py", ["--out", "o", "--steps", "0"], "argument --steps: expected an integer >= 1, got '0'"),
+    ("train_tiny.py", ["--out", "o", "--lr", "fast"], "argument --lr: invalid float value: 'fast'"),
+    ("train_tiny.py", ["--out", "o", "--family", "sdar", "--init-from", "nowhere"], "--init-from nowhere: not a checkpoint directory"),
+    ("train_tiny.py", ["--out", "o", "--lora", "--base", "nowhere"], "--base nowhere: not a checkpoint directory"),
+    ("train_tiny.py", ["--out", "o", "--family", "setdlm", "--init-from", "nowhere"], "--init-from applies to --family nemotron and sdar"),
 ])  # fmt: skip
 def test_script_errors(name, arguments, expected, tmp_path):
     line = error_line(script(name, arguments, tmp_path))
     assert expected in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "a refused command wrote something"
 
 
 @needs_tiny

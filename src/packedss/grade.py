@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from packedss.errors import ArgumentParser, PackedSSError, run_reporting
+from packedss.errors import ArgumentParser, PackedSSError, run_cli, run_reporting
 from packedss.records import rewrite_records
 from packedss.tasks import DataUnavailable, config_from_dict, load_task
 
@@ -155,4 +155,4 @@ def regrade(names: list[str], data_dir: Optional[str], workers: Optional[int]) -
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

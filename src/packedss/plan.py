@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from packedss.errors import InvalidJobs, PackedSSError, run_reporting
+from packedss.errors import InvalidJobs, PackedSSError, run_cli, run_reporting
 from packedss.paths import CONF_DIR
 
 # Questions in each benchmark's evaluation split, by (task, split, variant): what `limit: null`
@@ -353,4 +353,4 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -17,7 +17,7 @@ from packedss.analysis import N_RESAMPLES, analyse, audit, record_sources
 from packedss.analysis.figures import FIGURES
 from packedss.analysis.load import find_record_files
 from packedss.analysis.tables import ACCEPTANCE, CONCURRENCY, TABLES
-from packedss.errors import ArgumentParser, PackedSSError, closest, run_reporting
+from packedss.errors import ArgumentParser, PackedSSError, closest, run_cli, run_reporting
 from packedss.records import BadLine, iter_lines, validate_record
 
 
@@ -125,4 +125,4 @@ def run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)
