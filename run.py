@@ -30,14 +30,14 @@ try:
     from omegaconf import DictConfig
 
     from packedss.config import check_before_loading, register_configs
+
+    register_configs()
 except KeyboardInterrupt:  # Ctrl-C while torch and transformers load
     report(INTERRUPTED)
     sys.exit(130)
 except Stopped as err:
     report(str(err))
     sys.exit(err.exit_status)
-
-register_configs()
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
