@@ -94,6 +94,154 @@ def load_results(results_dir: str | Path, n_resamples: int = N_RESAMPLES, extra_
     return Results(Path(results_dir), loaded, Comparisons(per_response(loaded.frame), n_resamples))
 
 
+@dataclass
+class Outputs:
+    """What one analysis writes: its table and figure keys, and whether each kind was named (not
+    named: the ones the records fill are written, the rest skipped and their earlier files removed)."""
+
+    tables: list
+    figures: list
+    named_tables: bool
+    named_figures: bool
+
+
+def chosen_outputs(results: Results, tables=None, figures=None) -> Outputs:
+    """The tables and figures to write. Asked for by name, the concurrency tables and Figure C1
+    need their records (PackedSSError otherwise, before anything is written); by default they are
+    chosen only when the records make them."""
+    from packedss.analysis import concurrency
+    from packedss.analysis.figures import FIGURES
+    from packedss.analysis.tables import ACCEPTANCE, CONCURRENCY, TABLES
+
+    records, responses = results.loaded.frame, results.per_response
+    if tables is None:
+        makes_concurrency = concurrency.problem(records, responses, "tables") is None
+        table_keys = [*TABLES, ACCEPTANCE] + ([CONCURRENCY] if makes_concurrency else [])
+    else:
+        table_keys = list(tables)
+    if figures is None:
+        makes_c1 = concurrency.problem(records, responses, "figure") is None
+        figure_keys = [key for key in FIGURES if key != concurrency.FIGURE or makes_c1]
+    else:
+        figure_keys = list(figures)
+    if CONCURRENCY in table_keys:
+        concurrency.check(records, responses, "tables")
+    if concurrency.FIGURE in figure_keys:
+        concurrency.check(records, responses, "figure")
+    return Outputs(table_keys, figure_keys, tables is not None, figures is not None)
+
+
+def remove_unmade_concurrency_files(results: Results, outputs: Outputs, out: Path) -> None:
+    """By default, the concurrency tables and Figure C1 an earlier analysis wrote are removed when
+    these records do not make them."""
+    from packedss.analysis import concurrency
+    from packedss.analysis.figures import FIGURE_SUFFIXES
+    from packedss.analysis.render import TABLE_SUFFIXES
+
+    if not outputs.named_tables and concurrency.CONCURRENCY not in outputs.tables:
+        for stem in (concurrency.CONCURRENCY, concurrency.CROSSOVER):
+            results.removed += remove_earlier_files(out / "tables", stem, TABLE_SUFFIXES)
+    if not outputs.named_figures and concurrency.FIGURE not in outputs.figures:
+        results.removed += remove_earlier_files(out / "figures", f"figure{concurrency.FIGURE}", FIGURE_SUFFIXES)
+
+
+def measured_in(results: Results) -> str:
+    """The CSVs' regime column: how the analysed runs were measured (the notes' labels)."""
+    from packedss.analysis.metrics import regime_labels
+
+    return " | ".join(regime_labels(results.loaded.frame))
+
+
+def write_acceptance_profiles(results: Results, outputs: Outputs, out: Path) -> list[dict] | None:
+    """Each run's acceptance profile, computed and written under `out/acceptance` when the
+    acceptance table or Figure A1 or A2 is written (None otherwise)."""
+    from packedss.analysis.acceptance import acceptance_profiles, write_profiles
+    from packedss.analysis.figures import ACCEPTANCE_FIGURES
+    from packedss.analysis.tables import ACCEPTANCE
+
+    if ACCEPTANCE not in outputs.tables and not any(key in ACCEPTANCE_FIGURES for key in outputs.figures):
+        return None
+    profiles = acceptance_profiles(results.per_response, results.comparisons.n_resamples)
+    results.written += write_profiles(profiles, out / "acceptance")
+    return profiles
+
+
+def write_measured_table(results: Results, table, named: bool, out: Path) -> None:
+    """Write a table under `out/tables` with the regime note and column; a table whose runs are
+    not in the records is written only when named, and otherwise skipped, its earlier files removed."""
+    from packedss.analysis.metrics import regime_note
+    from packedss.analysis.render import TABLE_SUFFIXES, write_table
+
+    if table.measured:
+        table.notes.append(regime_note(results.loaded.frame))
+        table.data = table.data.assign(measured_in=measured_in(results))
+    if table.measured or named:  # asked for by name, written with its note
+        results.written += write_table(table, out / "tables")
+    else:
+        results.skipped.append(table.stem)
+        results.removed += remove_earlier_files(out / "tables", table.stem, TABLE_SUFFIXES)
+
+
+def write_run_summary(results: Results, outputs: Outputs, out: Path) -> None:
+    """The per-run summary (`runs`, every run of every family), whenever any table is written."""
+    from packedss.analysis.measured_tables import runs_table
+
+    if outputs.tables:
+        write_measured_table(results, runs_table(results.per_question, results.comparisons), outputs.named_tables, out)
+
+
+def write_tables(results: Results, outputs: Outputs, out: Path, compare_paper: bool = False, profiles: list[dict] | None = None) -> None:
+    """Each table of `outputs.tables` in order (`acceptance`: the tables acceptance and latency;
+    `concurrency`: concurrency and crossover)."""
+    from packedss.analysis import concurrency
+    from packedss.analysis.acceptance_tables import acceptance_table, latency_table
+    from packedss.analysis.tables import ACCEPTANCE, CONCURRENCY, TABLES
+
+    for key in outputs.tables:
+        if key == ACCEPTANCE:
+            made = [acceptance_table(profiles), latency_table(results.loaded.frame)]
+        elif key == CONCURRENCY:
+            made = concurrency.concurrency_tables(results.loaded.frame, results.per_response, results.comparisons.n_resamples)
+        else:
+            made = [TABLES[key].function(results.per_question, results.comparisons, compare_paper)]
+        for table in made:
+            write_measured_table(results, table, outputs.named_tables, out)
+
+
+def write_figures(results: Results, outputs: Outputs, out: Path, profiles: list[dict] | None = None) -> list:
+    """Draw and write each figure under `out/figures` (PNG, PDF, and its numbers as CSV with the
+    regime column); by default a figure with no data is not drawn, and its earlier files are
+    removed. Returns the figures written (their notes, their data)."""
+    import matplotlib.pyplot as plt
+
+    from packedss.analysis.figures import FIGURE_SUFFIXES, make_figure, write_figure
+
+    column, drawn = measured_in(results), []
+    for key in outputs.figures:
+        figure = make_figure(key, results.comparisons, profiles, results.loaded.frame)
+        if figure.data.empty and not outputs.named_figures:
+            results.skipped.append(f"figure{key}")
+            results.removed += remove_earlier_files(out / "figures", f"figure{key}", FIGURE_SUFFIXES)
+            plt.close(figure.figure)
+            continue
+        figure.data = figure.data.assign(measured_in=column)
+        results.written += write_figure(figure, out / "figures")
+        drawn.append(figure)
+    return drawn
+
+
+def write_analysis(results: Results, out: str | Path, tables=None, figures=None, compare_paper: bool = False) -> Results:
+    """`analyse`'s steps on loaded results, writing under `out`."""
+    out = Path(out)
+    outputs = chosen_outputs(results, tables, figures)
+    remove_unmade_concurrency_files(results, outputs, out)
+    write_run_summary(results, outputs, out)
+    profiles = write_acceptance_profiles(results, outputs, out)
+    write_tables(results, outputs, out, compare_paper, profiles)
+    write_figures(results, outputs, out, profiles)
+    return results
+
+
 def analyse(
     results_dir: str | Path,
     tables=None,
@@ -115,79 +263,5 @@ def analyse(
     Figure A1 or A2 each run's `acceptance/<model>/<task>/<record file>/acceptance_profile.json`.
     `extra_records`: further record files or folders to read besides `<results_dir>/records`
     (e.g. a figure drawn from several tables' runs)."""
-    import matplotlib.pyplot as plt
-
-    from packedss.analysis import concurrency
-    from packedss.analysis.acceptance import acceptance_profiles, write_profiles
-    from packedss.analysis.acceptance_tables import acceptance_table, latency_table
-    from packedss.analysis.figures import ACCEPTANCE_FIGURES, FIGURE_SUFFIXES, FIGURES, make_figure, write_figure
-    from packedss.analysis.measured_tables import runs_table
-    from packedss.analysis.metrics import regime_labels, regime_note
-    from packedss.analysis.render import TABLE_SUFFIXES, write_table
-    from packedss.analysis.tables import ACCEPTANCE, CONCURRENCY, TABLES
-
     results = load_results(results_dir, n_resamples, extra_records)
-    records, responses = results.loaded.frame, results.per_response
-    out = Path(out_dir) if out_dir is not None else Path(results_dir)
-    # Asked for by name, the concurrency table and figure need their records (an error otherwise);
-    # by default they are written only when the records allow them.
-    if tables is None:
-        numbers = [*TABLES, ACCEPTANCE] + ([CONCURRENCY] if concurrency.problem(records, responses, "tables") is None else [])
-    else:
-        numbers = list(tables)
-    if figures is None:
-        allowed = concurrency.problem(records, responses, "figure") is None
-        figure_keys = [key for key in FIGURES if key != concurrency.FIGURE or allowed]
-    else:
-        figure_keys = list(figures)
-    if CONCURRENCY in numbers:
-        concurrency.check(records, responses, "tables")
-    if concurrency.FIGURE in figure_keys:
-        concurrency.check(records, responses, "figure")
-    regime = regime_note(records)
-    # The CSVs' own regime column: how the analysed runs were measured (the notes' labels).
-    measured_in = " | ".join(regime_labels(records))
-
-    def write(table) -> None:
-        if table.measured:
-            table.notes.append(regime)
-            table.data = table.data.assign(measured_in=measured_in)
-        if table.measured or tables is not None:  # asked for by name, written with its note
-            results.written += write_table(table, out / "tables")
-        else:
-            results.skipped.append(table.stem)
-            results.removed += remove_earlier_files(out / "tables", table.stem, TABLE_SUFFIXES)
-
-    # By default the concurrency tables and Figure C1 are not made from records that cannot make them.
-    if tables is None and CONCURRENCY not in numbers:
-        for stem in (CONCURRENCY, concurrency.CROSSOVER):
-            results.removed += remove_earlier_files(out / "tables", stem, TABLE_SUFFIXES)
-    if figures is None and concurrency.FIGURE not in figure_keys:
-        results.removed += remove_earlier_files(out / "figures", f"figure{concurrency.FIGURE}", FIGURE_SUFFIXES)
-
-    if numbers:
-        write(runs_table(results.per_question, results.comparisons))
-    profiles = None
-    if ACCEPTANCE in numbers or any(key in ACCEPTANCE_FIGURES for key in figure_keys):
-        profiles = acceptance_profiles(results.per_response, n_resamples)
-        results.written += write_profiles(profiles, out / "acceptance")
-    for number in numbers:
-        if number == ACCEPTANCE:
-            write(acceptance_table(profiles))
-            write(latency_table(results.loaded.frame))
-            continue
-        if number == CONCURRENCY:
-            for table in concurrency.concurrency_tables(records, responses, n_resamples):
-                write(table)
-            continue
-        write(TABLES[number].function(results.per_question, results.comparisons, compare_paper))
-    for number in figure_keys:
-        figure = make_figure(number, results.comparisons, profiles, records)
-        if figure.data.empty and figures is None:
-            results.skipped.append(f"figure{number}")
-            results.removed += remove_earlier_files(out / "figures", f"figure{number}", FIGURE_SUFFIXES)
-            plt.close(figure.figure)
-        else:
-            figure.data = figure.data.assign(measured_in=measured_in)
-            results.written += write_figure(figure, out / "figures")
-    return results
+    return write_analysis(results, out_dir if out_dir is not None else results_dir, tables, figures, compare_paper)
