@@ -8,7 +8,8 @@ import pytest
 
 from packedss.errors import PackedSSError
 from packedss.job import IDENTITY_FIELDS, JobSpec
-from packedss.records import RecordWriter, read_records, repair_torn_tail, validate_record
+from packedss.records import (RECORD_FIELDS, RESUME_KEEPS_IT, RecordWriter, bad_line_warning, read_records,
+                              repair_torn_tail, validate_record)
 
 GOOD = {
     "model": "tiny", "family": "nemotron", "task": "arith", "task_config": {"name": "arith"}, "sample": 0,
@@ -108,8 +109,33 @@ def test_two_writers_never_share_a_file(tmp_path):
         with pytest.raises(PackedSSError, match="another job is writing"):
             RecordWriter(path)
     with RecordWriter(path) as writer:
-        assert writer.done_keys("abc") == {("q1", 0, 0)}  # (question, sample, repeat)
-        assert writer.done_keys("other") == set()
+        assert writer.resume("abc").done == {("q1", 0, 0)}  # (question, sample, repeat)
+        assert writer.resume("other").done == set()
+
+
+def test_a_resume_counts_only_sound_records_and_names_each_bad_line(tmp_path):
+    """A bad middle line is kept, named with its file and line in the readers' one wording, and not
+    counted as done, so the response it held is decoded again: a record of this job that fails its
+    checks as well as a line that is not JSON."""
+    path = tmp_path / "r.jsonl"
+    lines = [json.dumps(GOOD), "{garbled", json.dumps(GOOD | {"question_id": "q2", "nfe_total": 9}),
+             json.dumps(GOOD | {"question_id": "q3"})]  # fmt: skip
+    path.write_text("\n".join(lines) + "\n")
+    with RecordWriter(path) as writer:
+        resume = writer.resume("abc")
+    assert resume.done == {("q1", 0, 0), ("q3", 0, 0)}
+    assert [(bad.path, bad.line) for bad in resume.bad_lines] == [(path, 2), (path, 3)]
+    assert resume.warnings() == [bad_line_warning(bad, RESUME_KEEPS_IT) for bad in resume.bad_lines]
+    assert resume.warnings()[0] == (f"warning: bad record line skipped: {path}:2: not JSON (Expecting property name "
+                                    f"enclosed in double quotes); {RESUME_KEEPS_IT}")  # fmt: skip
+    assert path.read_text() == "\n".join(lines) + "\n"  # the resume changes nothing
+
+
+def test_grade_attempts_is_an_optional_field():
+    """Records written before the timeout retry have no grade_attempts, and are still sound."""
+    assert "grade_attempts" not in RECORD_FIELDS
+    attempts = [{"status": "timeout", "duration_s": 10.0, "alone": False}, {"status": "passed", "duration_s": 0.3, "alone": True}]
+    assert validate_record(GOOD | {"grade_attempts": attempts}) == validate_record(GOOD) == []
 
 
 def test_append_fsyncs_the_file_after_every_record(tmp_path, monkeypatch):

@@ -8,7 +8,10 @@ fields ``extracted_answer``, ``correct`` and ``grader`` are rewritten by that ta
 task is loaded before the first file is touched: a data error changes no file. A file is
 rewritten through `packedss.records.rewrite_records`: atomically, under the writers' lock (a
 file that a running job holds is refused), every other line kept byte for byte. Lines that are
-not gradable records are reported as FILE:LINE and kept.
+not gradable records are kept and named in one warning each, worded as the analysis and run.py's
+resume word a bad record line (`packedss.records.bad_line_warning`). A code program that times
+out runs once more, alone, before its verdict counts (docs/sandbox.md §8); the summary line
+counts those second attempts.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from packedss.errors import ArgumentParser, PackedSSError, run_cli, run_reporting
-from packedss.records import rewrite_records
+from packedss.records import BadLine, bad_line_warning, parse_line, rewrite_records
 from packedss.tasks import DataUnavailable, config_from_dict, load_task
 
 #: (task config, data directory) -> (task, its questions by id)
@@ -43,10 +46,8 @@ def record_files(names: list[str]) -> list[Path]:
     return list(dict.fromkeys(files))
 
 
-def gradable(record) -> Optional[str]:
-    """Why a line cannot be re-graded; None when it can."""
-    if record is None:
-        return "not a JSON object"
+def gradable(record: dict) -> Optional[str]:
+    """Why a JSON object cannot be re-graded; None when it can."""
     if not all(key in record for key in ("question_id", "output_text")):
         return "not a record with question_id and output_text"
     if "task_config" not in record:
@@ -75,12 +76,9 @@ def load_tasks(path: Path, data_dir: Optional[str], tasks: Tasks) -> None:
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
-            try:
-                record = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                record = None
-            reason = gradable(record if isinstance(record, dict) else None)
-            if reason is None:
+            record, error = parse_line(line)
+            reason = error or gradable(record)
+            if not reason:
                 task_for(record, data_dir, tasks)
                 any_record = True
             elif first_bad is None:
@@ -90,21 +88,26 @@ def load_tasks(path: Path, data_dir: Optional[str], tasks: Tasks) -> None:
                             "name records files written by run.py (JSON lines) or their folder")  # fmt: skip
 
 
+#: what grade does with a line it cannot re-grade
+KEPT_UNCHANGED = "kept unchanged, not re-graded"
+
+
 def regrade_file(path: str | Path, data_dir: Optional[str] = None, workers: Optional[int] = None, log=print,
                  tasks: Optional[Tasks] = None) -> dict:  # fmt: skip
-    """Re-grade one records file in place. Returns counts (graded, correct, scored, skipped)."""
-    counts = {"graded": 0, "correct": 0, "scored": 0, "skipped": 0}
+    """Re-grade one records file in place. Returns counts (graded, correct, scored, skipped, and
+    retried/retried_passed: programs that timed out and ran again alone, and those then passed)."""
+    counts = {"graded": 0, "correct": 0, "scored": 0, "skipped": 0, "retried": 0, "retried_passed": 0}
     tasks = {} if tasks is None else tasks
 
     def skip(number: int, reason: str) -> None:
-        log(f"{path}:{number}: kept unchanged ({reason})", file=sys.stderr)
+        log(bad_line_warning(BadLine(Path(path), number, reason), KEPT_UNCHANGED), file=sys.stderr)
         counts["skipped"] += 1
 
-    def update(lines: list[tuple[int, dict | None]]) -> dict[int, dict]:
+    def update(lines: list[tuple[int, dict | None, str]]) -> dict[int, dict]:
         groups: dict[int, tuple] = {}  # id(task) -> (task, questions by id, [(line number, record)])
-        for number, record in lines:
-            reason = gradable(record)
-            if reason is not None:
+        for number, record, error in lines:
+            reason = error or gradable(record)
+            if reason:
                 skip(number, reason)
                 continue
             task, by_id = task_for(record, data_dir, tasks)
@@ -121,13 +124,29 @@ def regrade_file(path: str | Path, data_dir: Optional[str] = None, workers: Opti
             grades = task.grade_many([(q, r["output_text"] or "") for _, r, q in pending], workers=workers)
             for (number, record, _), grade in zip(pending, grades):
                 replaced[number] = {**record, **grade.record_fields(task.cfg.grader)}
-                counts["graded"] += 1
-                counts["correct"] += bool(grade.correct)
-                counts["scored"] += grade.correct is not None
+                count(counts, grade)
         return replaced
 
     rewrite_records(path, update)
     return counts
+
+
+def count(counts: dict, grade) -> None:
+    counts["graded"] += 1
+    counts["correct"] += bool(grade.correct)
+    counts["scored"] += grade.correct is not None
+    if grade.attempts and len(grade.attempts) > 1:
+        counts["retried"] += 1
+        counts["retried_passed"] += bool(grade.correct)
+
+
+def summary(path: Path, counts: dict) -> str:
+    """The line `grade` prints for a file."""
+    accuracy = f", {counts['correct']}/{counts['scored']} correct" if counts["scored"] else ""
+    if counts["retried"]:
+        accuracy += (f" ({counts['retried']} timed out and ran again alone, {counts['retried_passed']} of them "
+                     "then passed)")  # fmt: skip
+    return f"{path}: re-graded {counts['graded']} records{accuracy}; {counts['skipped']} lines kept unchanged"
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -148,9 +167,7 @@ def regrade(names: list[str], data_dir: Optional[str], workers: Optional[int]) -
     for path in files:
         load_tasks(path, data_dir, tasks)
     for path in files:
-        counts = regrade_file(path, data_dir=data_dir, workers=workers, tasks=tasks)
-        accuracy = f", {counts['correct']}/{counts['scored']} correct" if counts["scored"] else ""
-        print(f"{path}: re-graded {counts['graded']} records{accuracy}; {counts['skipped']} lines kept unchanged")
+        print(summary(path, regrade_file(path, data_dir=data_dir, workers=workers, tasks=tasks)))
     return 0
 
 

@@ -1,8 +1,9 @@
 """JSONL records (docs/records.md): one line per response (question, sample, repeat) of one
 configuration, appended, flushed and fsynced as soon as the response finishes. Resume skips the
-recorded (question_id, sample, repeat) keys of the same config hash (the file's path and the
-hash come from the job's identity, packedss.job); a torn last line (a crash
-mid-write) is detected and cut off; an exclusive lock keeps two writers off one file. This module
+(question_id, sample, repeat) keys of the sound records of the same config hash (the file's path
+and the hash come from the job's identity, packedss.job); a torn last line (a crash mid-write) is
+detected and cut off; any other bad line is kept, named in one warning and not counted as done;
+an exclusive lock keeps two writers off one file. This module
 is the only reader and writer of record files: regrading rewrites them through `rewrite_records`."""
 
 from __future__ import annotations
@@ -97,24 +98,37 @@ class BadLine:
         return f"{self.path}:{self.line}: {self.reason}"
 
 
+#: what run.py's resume does with a bad line (docs/records.md §4)
+RESUME_KEEPS_IT = ("kept as it is and not counted as recorded: a response of this job that it held is decoded "
+                   "again and appended")  # fmt: skip
+
+
+def bad_line_warning(bad: BadLine, outcome: str = "") -> str:
+    """The one wording of a line that is not a sound record, for every command that reads record
+    files (run.py's resume, grade, the analysis): the file, the line, why, and what the command
+    does about it."""
+    return f"warning: bad record line skipped: {bad}" + (f"; {outcome}" if outcome else "")
+
+
+def parse_line(raw: bytes) -> tuple[dict | None, str]:
+    """A line's JSON object, or None and why it is not one."""
+    try:
+        value = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        return None, f"not UTF-8 text (byte {err.start + 1})"
+    except json.JSONDecodeError as err:
+        return None, f"not JSON ({err.msg})"
+    if not isinstance(value, dict):
+        return None, "not a JSON object"
+    return value, ""
+
+
 def iter_lines(path: Path) -> Iterator[tuple[int, dict | None, str]]:
     """(line number, parsed record or None, error) for each non-empty line."""
     with open(path, "rb") as handle:
         for number, raw in enumerate(handle, start=1):
-            if not raw.strip():
-                continue
-            try:
-                value = json.loads(raw.decode("utf-8"))
-            except UnicodeDecodeError as err:
-                yield number, None, f"not UTF-8 text (byte {err.start + 1})"
-                continue
-            except json.JSONDecodeError as err:
-                yield number, None, f"not JSON ({err.msg})"
-                continue
-            if not isinstance(value, dict):
-                yield number, None, "not a JSON object"
-                continue
-            yield number, value, ""
+            if raw.strip():
+                yield number, *parse_line(raw)
 
 
 def read_records(path: str | Path, validate: bool = True) -> tuple[list[dict], list[BadLine]]:
@@ -122,15 +136,23 @@ def read_records(path: str | Path, validate: bool = True) -> tuple[list[dict], l
     path = Path(path)
     records, bad = [], []
     for number, record, error in iter_lines(path):
-        if record is None:
-            bad.append(BadLine(path, number, error))
-            continue
-        problems = validate_record(record) if validate else []
+        problems = [error] if record is None else validate_record(record) if validate else []
         if problems:
             bad.append(BadLine(path, number, "; ".join(problems)))
-            continue
-        records.append(record)
+        else:
+            records.append(record)
     return records, bad
+
+
+@dataclass(frozen=True)
+class Resume:
+    """What a job's file already holds: the keys of its sound records of the job, and its bad lines."""
+
+    done: set[tuple[str, int, int]]
+    bad_lines: list[BadLine]
+
+    def warnings(self) -> list[str]:
+        return [bad_line_warning(bad, RESUME_KEEPS_IT) for bad in self.bad_lines]
 
 
 def repair_torn_tail(path: str | Path) -> int:
@@ -185,14 +207,13 @@ class RecordWriter:
             ) from None
         self.repaired_bytes = repair_torn_tail(self.path)
 
-    def done_keys(self, config_hash_value: str) -> set[tuple[str, int, int]]:
-        """(question_id, sample, repeat) keys already recorded under this config hash."""
-        records, _ = read_records(self.path, validate=False)
-        return {
-            (r["question_id"], r.get("sample", 0), r["repeat"])
-            for r in records
-            if r.get("config_hash") == config_hash_value
-        }
+    def resume(self, config_hash_value: str) -> Resume:
+        """The (question_id, sample, repeat) keys of the file's sound records under this config
+        hash, and the lines that are not sound records (not counted as done: docs/records.md §4)."""
+        records, bad = read_records(self.path)
+        done = {(r["question_id"], r.get("sample", 0), r["repeat"]) for r in records
+                if r.get("config_hash") == config_hash_value}  # fmt: skip
+        return Resume(done, bad)
 
     def append(self, record: dict) -> None:
         """Append one whole record; when a write fails (a full disk) the partial line is cut off."""
@@ -224,12 +245,12 @@ class RecordWriter:
         self.close()
 
 
-def rewrite_records(path: str | Path, update: Callable[[list[tuple[int, dict | None]]], dict[int, dict]]) -> int:
+def rewrite_records(path: str | Path, update: Callable[[list[tuple[int, dict | None, str]]], dict[int, dict]]) -> int:
     """Rewrite some records of a file in place, atomically, under the writers' lock.
 
-    `update` gets (line number, record) for every non-empty line (record None: the line is not a
-    JSON object) and returns the replacement records by line number; every other line is kept
-    byte for byte. The new file is
+    `update` gets (line number, record, error) for every non-empty line (record None: the line is
+    not a JSON object, and `error` says why, as `parse_line` words it) and returns the replacement
+    records by line number; every other line is kept byte for byte. The new file is
     written beside the old one, fsynced and renamed over it: a crash leaves the old file intact.
     A file that a running job holds is refused. Returns the number of lines replaced."""
     path = Path(path)
@@ -239,15 +260,7 @@ def rewrite_records(path: str | Path, update: Callable[[list[tuple[int, dict | N
         except BlockingIOError:
             raise PackedSSError(f"{path}: a running job is writing this file; try again when the job is done") from None
         lines = handle.readlines()
-        parsed = []
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                value = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                value = None
-            parsed.append((number, value if isinstance(value, dict) else None))
+        parsed = [(number, *parse_line(line)) for number, line in enumerate(lines, start=1) if line.strip()]
         replaced = update(parsed)
         for number, record in replaced.items():
             lines[number - 1] = encode_record(record)

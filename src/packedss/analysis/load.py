@@ -1,7 +1,7 @@
 """Load JSONL records into one pandas frame.
 
 Every line is validated with `packedss.records.read_records`; a bad line is reported (file and
-line number) and skipped, never dropped silently. Warm-up records (`warmup: true`) are excluded
+line number, in `packedss.records.bad_line_warning`'s words) and skipped, never dropped silently. Warm-up records (`warmup: true`) are excluded
 and counted. Optional fields are given their defaults so that every frame has the same columns.
 
 A second record of the same run, question, sample and repeat is a duplicate: the first one read
@@ -25,7 +25,7 @@ import pandas as pd
 
 from packedss.families import FAMILIES
 from packedss.job import IDENTITY_FIELDS
-from packedss.records import RECORD_FIELDS, BadLine, read_records
+from packedss.records import RECORD_FIELDS, BadLine, bad_line_warning, read_records
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,14 @@ class Loaded:
     files: list[Path] = field(default_factory=list)
 
     def report(self) -> str:
+        return "\n".join(self.summary() + self.warnings())
+
+    def warnings(self) -> list[str]:
+        """One line per bad line, worded as every reader of record files words it."""
+        return [bad_line_warning(bad) for bad in self.bad_lines]
+
+    def summary(self) -> list[str]:
+        """The records read, and those left out (warm-up, duplicates, second orders)."""
         lines = [f"{len(self.frame)} records from {len(self.files)} files"]
         if self.warmup_skipped:
             lines.append(f"{self.warmup_skipped} warm-up records excluded")
@@ -79,9 +87,7 @@ class Loaded:
                 f"{self.unverified_orders_skipped} records of a lossy schedule (native) under a second verification "
                 "order skipped: it has no order, one run per setting is kept"
             )
-        for bad in self.bad_lines:
-            lines.append(f"bad line skipped: {bad}")
-        return "\n".join(lines)
+        return lines
 
 
 def find_record_files(paths: str | Path | Iterable[str | Path]) -> list[Path]:

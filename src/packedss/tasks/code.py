@@ -32,7 +32,7 @@ import re
 from typing import Optional
 
 from packedss.tasks.core import Grade, Question, TaskConfig
-from packedss.tasks.sandbox import run_program
+from packedss.tasks.sandbox import ExecResult, run_program
 
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+#.-]*)[ \t]*$", re.M)
 
@@ -57,16 +57,33 @@ def humaneval_program(ref: dict, code: str) -> str:
 
 _EVALPLUS_CHECK = """{imports}
 import contextlib
+import sys
 from math import inf, nan  # repr() writes infinite and NaN floats as these names
 
 import evalplus.eval as evalplus_eval
 from evalplus.eval._special_oracle import MBPP_OUTPUT_NOT_NONE_TASKS
+from evalplus.eval.utils import TimeoutException
 from evalplus.gen.util import trusted_exec
 
 # the sandbox's own directory, guard and memory limits stand in for EvalPlus's
 evalplus_eval.create_tempdir = contextlib.nullcontext
 evalplus_eval.reliability_guard = lambda maximum_memory_bytes=None: None
 evalplus_eval.query_maximum_memory_bytes = lambda: None
+EVALPLUS_TIME_LIMIT = evalplus_eval.time_limit
+TIMED_OUT = []  # the per-input limits that fired (unsafe_execute counts those inputs as failed)
+
+
+@contextlib.contextmanager
+def time_limit(seconds):
+    try:
+        with EVALPLUS_TIME_LIMIT(seconds):
+            yield
+    except TimeoutException:
+        TIMED_OUT.append(seconds)
+        raise
+
+
+evalplus_eval.time_limit = time_limit
 
 
 class Shared:
@@ -92,9 +109,16 @@ for part, inputs in INPUTS.items():
         "mbpp", ENTRY_POINT, SOLUTION, inputs, outputs, time_limits, ATOL, True, stat, details, progress
     )
     if not (stat.value == evalplus_eval._SUCCESS and progress.value == len(inputs) and all(details)):
+        if TIMED_OUT:
+            print(f"EvalPlus {{part}} inputs: input {{progress.value}} of {{len(inputs)}} ran past its time limit of "
+                  f"{{TIMED_OUT[-1]:.3g}} s", file=sys.stderr)
+            raise SystemExit({time_limit_exit})
         status = evalplus_eval._mapping[stat.value] or evalplus_eval.TIMEOUT
         raise AssertionError(f"EvalPlus {{part}} inputs: {{status}} ({{progress.value}} of {{len(inputs)}} run)")
 """
+
+#: the exit status of the EvalPlus check when a solution ran past EvalPlus's per-input time limit
+EVALPLUS_TIME_LIMIT_EXIT = 124
 
 #: EvalPlus's evaluate options --min-time-limit and --gt-time-limit-factor (None: its defaults,
 #: DEFAULT_MIN_TIME_LIMIT and DEFAULT_GT_TIME_LIMIT_FACTOR of evalplus.config).
@@ -164,26 +188,50 @@ def mbpp_program(ref: dict, code: str) -> str:
             plus_input=ref["plus_input"],
             min_time_limit=float(EVALPLUS_MIN_TIME_LIMIT_S or DEFAULT_MIN_TIME_LIMIT),
             gt_time_limit_factor=float(EVALPLUS_GT_TIME_LIMIT_FACTOR or DEFAULT_GT_TIME_LIMIT_FACTOR),
+            time_limit_exit=EVALPLUS_TIME_LIMIT_EXIT,
         )
     raise ValueError(f"unknown mbpp reference format {fmt!r}")
 
 
-def _grade_program(program: str, fenced: bool, code: str, limits: tuple[float, int]) -> Grade:
+def attempt_status(result: ExecResult, evalplus: bool) -> str:
+    """What one run of a program ended in: the sandbox's status, or `timeout` where the EvalPlus
+    check stopped at EvalPlus's per-input time limit."""
+    if evalplus and result.status == "failed" and result.returncode == EVALPLUS_TIME_LIMIT_EXIT:
+        return "timeout"
+    return result.status
+
+
+def run_attempts(program: str, limits: tuple[float, int], evalplus: bool = False) -> list[tuple[ExecResult, str]]:
+    """The program's runs and what each ended in. One that timed out runs once more, alone (no
+    other sandboxed program of this process running), and the second run's verdict counts: so
+    a verdict does not depend on what else the machine runs (docs/sandbox.md §8)."""
+    time_limit_s, memory_limit_mb = limits
+    attempts = []
+    for alone in (False, True):
+        result = run_program(program, time_limit_s=time_limit_s, memory_limit_mb=memory_limit_mb, alone=alone)
+        attempts.append((result, attempt_status(result, evalplus)))
+        if attempts[-1][1] != "timeout":
+            break
+    return attempts
+
+
+def _grade_program(program: str, fenced: bool, code: str, limits: tuple[float, int], evalplus: bool = False) -> Grade:
     if not code.strip():
         return Grade(extracted_answer=None, correct=False, details={"status": "empty", "fenced": fenced})
-    time_limit_s, memory_limit_mb = limits
-    res = run_program(program, time_limit_s=time_limit_s, memory_limit_mb=memory_limit_mb)
+    attempts = run_attempts(program, limits, evalplus)
+    res, status = attempts[-1]
     return Grade(
         extracted_answer=code[:20000],
         correct=res.passed,
         details={
-            "status": res.status,
+            "status": status,
             "returncode": res.returncode,
             "duration_s": res.duration_s,
             "fenced": fenced,
             "stderr_tail": res.stderr_tail[-1000:],
         },
         sandbox=res.sandbox,
+        attempts=[{"status": s, "duration_s": r.duration_s, "alone": i > 0} for i, (r, s) in enumerate(attempts)],
     )
 
 
@@ -194,11 +242,9 @@ def grade_humaneval(cfg: TaskConfig, q: Question, output: str) -> Grade:
 
 def grade_mbpp(cfg: TaskConfig, q: Question, output: str) -> Grade:
     code, fenced = extract_code(output)
-    if q.reference.get("format") == "evalplus":
-        limits = evalplus_limits(cfg)
-    else:
-        limits = (cfg.time_limit_s, cfg.memory_limit_mb)
-    return _grade_program(mbpp_program(q.reference, code), fenced, code, limits)
+    evalplus = q.reference.get("format") == "evalplus"
+    limits = evalplus_limits(cfg) if evalplus else (cfg.time_limit_s, cfg.memory_limit_mb)
+    return _grade_program(mbpp_program(q.reference, code), fenced, code, limits, evalplus)
 
 
 def canonical_output(q: Question) -> Optional[str]:

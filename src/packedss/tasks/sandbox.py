@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Optional
 
 from packedss.tasks._sandbox_child import SETUP_FAILED, SETUP_FAILED_MESSAGE
+from packedss.tasks.gate import PROGRAMS
 
 CHILD = str(Path(__file__).resolve().with_name("_sandbox_child.py"))
 #: imported before privileges are dropped (cheap, commonly used by HumanEval/MBPP code).
@@ -257,6 +258,16 @@ def _rm(path: str) -> None:
     shutil.rmtree(path, onerror=onerror)
 
 
+@dataclass(frozen=True)
+class Limits:
+    """What one program may use: wall-clock seconds, memory, output and file size."""
+
+    time_s: float
+    memory_mb: int
+    max_output_bytes: int
+    fsize_mb: int
+
+
 def run_program(
     program: str,
     time_limit_s: float = 10.0,
@@ -265,91 +276,127 @@ def run_program(
     fsize_limit_mb: int = 16,
     python: Optional[str] = None,
     guard: bool = True,
+    alone: bool = False,
 ) -> ExecResult:
-    """Run ``program`` (Python source) in the sandbox; see the module docstring."""
+    """Run ``program`` (Python source) in the sandbox; see the module docstring. ``alone``: wait
+    until no other sandboxed program of this process runs, and start none beside it."""
     drop = privilege_drop_enabled()
-    python = python or sys.executable
-    nonce = secrets.token_hex(16)
+    limits = Limits(float(time_limit_s), int(memory_limit_mb), int(max_output_bytes), int(fsize_limit_mb))
+    with PROGRAMS.alone() if alone else PROGRAMS.beside_others():
+        tmp = _working_directory()
+        try:
+            return _run_in(tmp, program, limits, python or sys.executable, guard, drop)
+        finally:
+            _rm(tmp)
+
+
+def _working_directory() -> str:
+    """A fresh directory, readable and writable by its owner only (the sandbox uid, as root)."""
     tmp = tempfile.mkdtemp(prefix="packedss-sbx-")
     os.chmod(tmp, 0o700)
+    return tmp
+
+
+def _run_in(tmp: str, program: str, limits: Limits, python: str, guard: bool, drop: bool) -> ExecResult:
+    """The program's run in `tmp`: set up, started, read until it ends or a limit is hit, judged."""
     start = time.monotonic()
-    proc = None
-    uid = None
+    uid, gid = _pick_uid(tmp) if drop else (None, None)
+    layers = kernel_layers(python, netns_with_user_namespace=uid is None)
+    active = protections(layers, privilege_drop=uid is not None, guard=guard)
+    nonce = secrets.token_hex(16)
+    cfg = _child_config(program, _write_program(tmp, program), nonce, limits, uid, gid, layers, guard)
     try:
-        uid, gid = _pick_uid(tmp) if drop else (None, None)
-        layers = kernel_layers(python, netns_with_user_namespace=uid is None)
-        active = protections(layers, privilege_drop=uid is not None, guard=guard)
-        prog_path = os.path.join(tmp, ".program.py")
-        fd = os.open(prog_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogatepass") as fh:
-            fh.write(program)
-        if uid is not None:
-            nproc = 16 if uid != 65534 else 256
-        else:
-            nproc = len(_procs_of_uid(os.getuid())) + 32
-        cfg = {
-            "program": prog_path,
-            "nonce": nonce,
-            "preload": _preload(program),
-            "memory_bytes": int(memory_limit_mb) << 20,
-            "cpu_s": max(1, math.ceil(time_limit_s)) + 1,
-            "fsize_bytes": int(fsize_limit_mb) << 20,
-            "nproc": nproc,
-            "uid": uid,
-            "gid": gid,
-            "guard": bool(guard),  # False only in tests of the OS-level layers
-            "landlock": not layers.landlock_error,
-            "netns": not layers.netns_error,
-            "netns_with_user_namespace": uid is None,
-        }
-        env = {**ENV, "HOME": tmp, "TMPDIR": tmp}
-        try:
-            # the config (nonce included) travels over stdin, never the command line, which
-            # /proc/<pid>/cmdline shows; the child reads it and puts /dev/null in its place
-            proc = subprocess.Popen(
-                [python, "-I", "-X", "utf8", "-B", CHILD],
-                cwd=tmp,
-                env=env,
-                stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                close_fds=True,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            return ExecResult("error", None, 0.0, "", f"cannot start the sandbox: {exc}", active)
-        try:
-            with proc.stdin:
-                proc.stdin.write(json.dumps(cfg).encode("utf-8"))
-        except OSError:  # the child died before reading it: its stderr says why
-            pass
-        status, out, err = _communicate(proc, start + float(time_limit_s), max_output_bytes)
-        if status != "running":
-            _kill_all(proc, uid)
-        try:
-            rc = proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            _kill_all(proc, uid)
-            rc = proc.wait()
-        _kill_all(proc, uid)  # leftovers (background children) of a finished program
-        duration = time.monotonic() - start
-        stdout = out.decode("utf-8", "replace")
-        marker = "\n" + nonce + "\n"
-        stderr = err.decode("utf-8", "replace")
-        if status == "running":
-            status = "passed" if rc == 0 and stdout.endswith(marker) else "failed"
-            if rc == SETUP_FAILED and SETUP_FAILED_MESSAGE in stderr:
-                status = "error"
-        if status == "passed":
-            stdout = stdout[: -len(marker)]
-        else:
-            stdout = stdout.replace(nonce, "<nonce>")
-        return ExecResult(status, rc, round(duration, 4), stdout[-TAIL:], stderr[-TAIL:], active)
+        proc = _start_child(python, tmp, cfg)
+    except OSError as exc:
+        return ExecResult("error", None, 0.0, "", f"cannot start the sandbox: {exc}", active)
+    try:
+        status, out, err = _communicate(proc, start + limits.time_s, limits.max_output_bytes)
+        rc = _reap(proc, uid, killed=status != "running")
     finally:
-        if proc is not None and proc.poll() is None:
+        if proc.poll() is None:
             _kill_all(proc, uid)
             proc.wait()
-        _rm(tmp)
+    status, stdout, stderr = _verdict(status, rc, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), nonce)
+    return ExecResult(status, rc, round(time.monotonic() - start, 4), stdout[-TAIL:], stderr[-TAIL:], active)
+
+
+def _write_program(tmp: str, program: str) -> str:
+    path = os.path.join(tmp, ".program.py")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8", errors="surrogatepass") as fh:
+        fh.write(program)
+    return path
+
+
+def _child_config(program: str, path: str, nonce: str, limits: Limits, uid: Optional[int], gid: Optional[int],
+                  layers: KernelLayers, guard: bool) -> dict:  # fmt: skip
+    """What the child reads from its stdin (docs/sandbox.md §1)."""
+    if uid is not None:
+        nproc = 16 if uid != 65534 else 256
+    else:
+        nproc = len(_procs_of_uid(os.getuid())) + 32
+    return {
+        "program": path,
+        "nonce": nonce,
+        "preload": _preload(program),
+        "memory_bytes": limits.memory_mb << 20,
+        "cpu_s": max(1, math.ceil(limits.time_s)) + 1,
+        "fsize_bytes": limits.fsize_mb << 20,
+        "nproc": nproc,
+        "uid": uid,
+        "gid": gid,
+        "guard": bool(guard),  # False only in tests of the OS-level layers
+        "landlock": not layers.landlock_error,
+        "netns": not layers.netns_error,
+        "netns_with_user_namespace": uid is None,
+    }
+
+
+def _start_child(python: str, tmp: str, cfg: dict) -> subprocess.Popen:
+    # the config (nonce included) travels over stdin, never the command line, which
+    # /proc/<pid>/cmdline shows; the child reads it and puts /dev/null in its place
+    proc = subprocess.Popen(
+        [python, "-I", "-X", "utf8", "-B", CHILD],
+        cwd=tmp,
+        env={**ENV, "HOME": tmp, "TMPDIR": tmp},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        close_fds=True,
+        start_new_session=True,
+    )
+    try:
+        with proc.stdin:
+            proc.stdin.write(json.dumps(cfg).encode("utf-8"))
+    except OSError:  # the child died before reading it: its stderr says why
+        pass
+    return proc
+
+
+def _reap(proc: subprocess.Popen, uid: Optional[int], killed: bool) -> int:
+    """The child's exit status, once it and every process it left behind are gone."""
+    if killed:
+        _kill_all(proc, uid)
+    try:
+        rc = proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        _kill_all(proc, uid)
+        rc = proc.wait()
+    _kill_all(proc, uid)  # leftovers (background children) of a finished program
+    return rc
+
+
+def _verdict(status: str, rc: int, stdout: str, stderr: str, nonce: str) -> tuple[str, str, str]:
+    """(status, stdout, stderr) of a finished run: a pass needs exit status 0 and the nonce at
+    the end of stdout (then cut off); elsewhere the nonce is masked."""
+    marker = "\n" + nonce + "\n"
+    if status == "running":
+        status = "passed" if rc == 0 and stdout.endswith(marker) else "failed"
+        if rc == SETUP_FAILED and SETUP_FAILED_MESSAGE in stderr:
+            status = "error"
+    if status == "passed":
+        return status, stdout[: -len(marker)], stderr
+    return status, stdout.replace(nonce, "<nonce>"), stderr
 
 
 def _communicate(proc: subprocess.Popen, deadline: float, max_bytes: int) -> tuple[str, bytes, bytes]:
