@@ -148,7 +148,10 @@ def run_job(cfg) -> JobResult:
     responses = [PendingResponse(q, k, r) for q in resources.questions for k in range(job.samples)
                  for r in range(job.repeats)]  # fmt: skip
     with SignalGuard() as guard, RecordWriter(job.record_path) as writer:
-        pending = pending_responses(responses, writer.done_keys(job.identity.config_hash))
+        resume = writer.resume(job.identity.config_hash)
+        for warning in resume.warnings():  # bad lines: kept, named, and not counted as done
+            print(warning, file=sys.stderr)
+        pending = pending_responses(responses, resume.done)
         fields = job_fields(job.identity) | warm_up(job, resources, pending)
         started = time.perf_counter()
         tally = write_records(resources, fields, decoded_responses(resources, pending), len(pending), writer, guard)

@@ -102,12 +102,12 @@ def run(args: argparse.Namespace) -> int:
     tables, figures = (None if keys == EVERYTHING else keys for keys in (tables, figures))
     results = analyse(args.results_dir, tables, figures, args.compare_paper, args.n_resamples, args.out, args.records)
     loaded = results.loaded
-    for bad in loaded.bad_lines:
-        print(f"warning: bad record line skipped: {bad}", file=sys.stderr)
-    print(loaded.report().splitlines()[0] + f" under {source}")
-    for line in loaded.report().splitlines()[1:]:
-        if not line.startswith("bad line"):
-            print(line)
+    for warning in loaded.warnings():
+        print(warning, file=sys.stderr)
+    summary = loaded.summary()
+    print(summary[0] + f" under {source}")
+    for line in summary[1:]:
+        print(line)
     audited = audit.audit(results.per_response)
     for line in audit.unexplained_lines(audited):
         print(line, file=sys.stderr)

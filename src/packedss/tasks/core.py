@@ -80,14 +80,18 @@ class Grade:
     details: dict = field(default_factory=dict)
     #: code graders: the protections the program ran under (sandbox.protections); else None
     sandbox: Optional[dict] = None
+    #: code graders: each run of the program and what it ended in (code.run_attempts); else None
+    attempts: Optional[list] = None
 
     def record_fields(self, grader: str) -> dict:
-        """The record's score fields (docs/records.md §2): extracted_answer, correct, grader, sandbox."""
+        """The record's score fields (docs/records.md §2): extracted_answer, correct, grader, sandbox,
+        grade_attempts."""
         return {
             "extracted_answer": self.extracted_answer,
             "correct": self.correct,
             "grader": {"name": grader, **self.details},
             "sandbox": self.sandbox,
+            "grade_attempts": self.attempts,
         }
 
 
