@@ -12,8 +12,12 @@ all the questions, from the first response's start to the last one's end, everyt
 included (building calls, the host steps, emitters, stop checks, meters, records of the times).
 Host CPU ms per round is the same on the main thread's CPU clock (time.thread_time: the CPU time
 inside the model calls subtracted), which other processes on a shared machine disturb far less.
+Model us per evaluated row is the model time of the calls over the rows the responses evaluated
+(each level's least turn): flat or falling with C where the model's work grows linearly in the rows
+a batched call carries, rising where it grows faster (a cross-request attention would, as C^2).
 
-A line per schedule ends `host ms per round C=<largest>/C=1: X`: the host work of a round at the
+A line per schedule gives the model us per evaluated row at each C (and the largest C's over the
+next largest), and ends `host ms per round C=<largest>/C=1: X`: the host work of a round at the
 largest C against C = 1 (1 would be host work that does not grow with C at all; C would be host
 work that grows as C).
 
@@ -138,6 +142,7 @@ def main(argv=None) -> int:
             decode(prompts[:concurrency], concurrency)  # warm-up: layouts, biases and the allocator
         host: dict[int, list[float]] = {c: [] for c in levels}
         host_cpu: dict[int, list[float]] = {c: [] for c in levels}
+        model_row: dict[int, list[float]] = {c: [] for c in levels}
         for _ in range(args.repeats):
             for concurrency in levels:
                 before_model, started, started_cpu = model_cpu.ns, time.perf_counter(), time.thread_time_ns()
@@ -147,15 +152,22 @@ def main(argv=None) -> int:
                 rounds = sum(1 / requests for out in outs for requests in out.call_requests)
                 ms = (elapsed - model_s) / rounds * 1000
                 cpu_ms = (cpu_ns - (model_cpu.ns - before_model)) / rounds / 1e6
+                row_us = model_s / sum(sum(out.rows_evaluated) for out in outs) * 1e6
                 host[concurrency].append(ms)
                 host_cpu[concurrency].append(cpu_ms)
+                model_row[concurrency].append(row_us)
                 print(f"  {schedule:9s} C={concurrency:<3d} rounds {rounds:6.0f}  elapsed {elapsed:6.2f} s  model "
-                      f"{model_s:6.2f} s  host ms per round {ms:7.3f}  host CPU ms per round {cpu_ms:7.3f}")  # fmt: skip
+                      f"{model_s:6.2f} s  model us per row {row_us:7.2f}  host ms per round {ms:7.3f}  "
+                      f"host CPU ms per round {cpu_ms:7.3f}")  # fmt: skip
         top = levels[-1]
         least, least_cpu = {c: min(v) for c, v in host.items()}, {c: min(v) for c, v in host_cpu.items()}
         cells = ", ".join(f"C={c} {least[c]:.3f}" for c in levels)
         cpu_cells = ", ".join(f"C={c} {least_cpu[c]:.3f}" for c in levels)
-        print(f"{schedule}: host CPU ms per round {cpu_cells} (C={top}/C=1: {least_cpu[top] / least_cpu[1]:.1f}); "
+        rows = {c: min(v) for c, v in model_row.items()}
+        row_cells = ", ".join(f"C={c} {rows[c]:.2f}" for c in levels)
+        below = levels[-2] if len(levels) > 1 else top
+        print(f"{schedule}: model us per evaluated row {row_cells} (C={top}/C={below}: {rows[top] / rows[below]:.2f}); "
+              f"host CPU ms per round {cpu_cells} (C={top}/C=1: {least_cpu[top] / least_cpu[1]:.1f}); "
               f"host ms per round {cells}; host ms per round C={top}/C=1: {least[top] / least[1]:.1f}")  # fmt: skip
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
     return 0

@@ -123,6 +123,10 @@ def test_bench_concurrency_prints_its_regime_and_a_ratio_line_per_schedule(capsy
         assert least == pytest.approx([min(hosts[1]), min(hosts[2])], abs=1e-3)  # each level's least turn
         assert float(found.group(3)) == pytest.approx(least[1] / least[0], abs=0.06)
         assert all(value > 0 for value in least)
+        rows = {c: [float(re.search(r"model us per row +" + number, line).group(1)) for line in turns if f"C={c} " in line]
+                for c in (1, 2)}  # fmt: skip
+        found = re.search(rf"^{schedule}: model us per evaluated row C=1 {number}, C=2 {number} \(C=2/C=1: {number}\);", summary)
+        assert [float(found.group(1)), float(found.group(2))] == pytest.approx([min(rows[1]), min(rows[2])], abs=0.01)
 
 
 @pytest.mark.parametrize("schedule", ["ar", "packed"])

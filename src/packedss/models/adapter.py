@@ -123,9 +123,12 @@ class BackboneAdapter:
         """(1, 1, R, C + R): 0 where a row may attend, the dtype's minimum elsewhere. Every row
         sees the whole cache, so only the last R columns depend on the call. Its rows are aligned
         (packedss.models.attention.aligned_full)."""
+        return self._additive_mask(call.rows, call.attend)
+
+    def _additive_mask(self, rows: int, attend: torch.Tensor) -> torch.Tensor:
         cached = self.cached_rows
-        mask = aligned_full(call.rows, cached + call.rows, 0.0, self.dtype, self.device)
-        mask[0, 0, :, cached:] = self._attend_bias(call.attend)
+        mask = aligned_full(rows, cached + rows, 0.0, self.dtype, self.device)
+        mask[0, 0, :, cached:] = self._attend_bias(attend)
         return mask
 
     def attention_inputs(self, call: Call) -> tuple[torch.Tensor | None, Rule | None, str]:
@@ -135,9 +138,15 @@ class BackboneAdapter:
         implementation = self.backbone.config._attn_implementation
         if implementation != ATTENTION:
             return self.additive_mask(call), None, f"transformers-{implementation}"
-        kernel = eager_kernel(call.rule, call.rows, self.cached_rows, self.attention_device)
+        return self.own_attention(call.rule, call.rows, call.attend)
+
+    def own_attention(self, rule: Rule, rows: int, attend: torch.Tensor) -> tuple[torch.Tensor | None, Rule | None, str]:
+        """attention_inputs of a call of `rule`, `rows` and `attend` over this adapter's cache, on
+        the packedss attention: also each request's own attention in a batched call
+        (packedss.models.batched)."""
+        kernel = eager_kernel(rule, rows, self.cached_rows, self.attention_device)
         if kernel == "sdpa-mask":
-            return self.additive_mask(call), None, kernel
+            return self._additive_mask(rows, attend), None, kernel
         return None, Rule.FULL if kernel == "sdpa" else Rule.CAUSAL, kernel
 
     def before_call(self, call: Call) -> None:

@@ -2,7 +2,7 @@
 AttentionInterface as ATTENTION (the loaders set it as the backbone config's
 `_attn_implementation`), and the masks it takes.
 
-Every call is one SDPA call, fused on every device, and nothing is compiled (so nothing can
+Every call is one SDPA call (per request, when several share one forward pass), fused on every device, and nothing is compiled (so nothing can
 recompile inside a timed decode). Its kernel, the name records carry (docs/records.md):
 
 - `sdpa`: no mask (every row sees the cache and every row of its call);
@@ -16,7 +16,8 @@ a mask on CUDA, K and V are repeated to the query heads first (`repeats_kv`): SD
 kernels take no mask together with `enable_gqa`, and the math kernel it would fall back to
 materializes every score in float32. Which kernel an adapter's call gets is `eager_kernel`
 (docs/models.md §2). Whatever the caller, a 4D tensor passed as `attention_mask` (the static
-path's buffers, several requests batched in one forward) runs as `sdpa-mask`.
+path's buffers) runs as `sdpa-mask`. Several requests batched in one forward pass on the eager
+path (`attention_requests`) each get their own call's kernel over their own cache.
 """
 
 from __future__ import annotations
@@ -65,16 +66,37 @@ def aligned_full(rows: int, columns: int, value: float, dtype: torch.dtype, devi
     return torch.full((1, 1, rows, padded), value, dtype=dtype, device=device)[..., :columns]
 
 
-def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                      attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                      attention_rule: Rule | None = None, attention_device: str | None = None,
+def attention_forward(module: torch.nn.Module, query: torch.Tensor, key, value, attention_mask: torch.Tensor | None,
+                      dropout: float = 0.0, scaling: float | None = None, attention_rule: Rule | None = None,
+                      attention_device: str | None = None, attention_requests: list | None = None,
                       **kwargs) -> tuple[torch.Tensor, None]:  # fmt: skip
     """transformers' attention-function contract: (batch, heads, rows, head_dim) query and
     (batch, kv_heads, columns, head_dim) key and value in, (batch, rows, heads, head_dim) out.
     Without a mask the call's rule (`attention_rule`, passed through the backbone's forward)
     says which rows see which: FULL, or CAUSAL aligned to the last column. `attention_device`
-    (default: the query's) is the device type whose kernel choices the call makes."""
+    (default: the query's) is the device type whose kernel choices the call makes.
+
+    Several requests packed in one sequence (`attention_requests`, packedss.models.batched): key
+    and value are lists, each request's own cache and rows, and request k's `(rows, mask, rule)`
+    are its rows of the query and its own call's attention. Each request's rows attend over its
+    own keys only, one SDPA call per request: the work is each request's rows x (its cache + its
+    rows), never another request's."""
     device_type = attention_device or query.device.type
+    if attention_requests is None:
+        out = _attend(query, key, value, attention_mask, attention_rule, dropout, scaling, device_type)
+    else:
+        outs, start = [], 0
+        for own_key, own_value, (rows, mask, rule) in zip(key, value, attention_requests):
+            own = query[:, :, start : start + rows]
+            outs.append(_attend(own, own_key, own_value, mask, rule, dropout, scaling, device_type))
+            start += rows
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=2)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+            attention_rule: Rule | None, dropout: float, scaling: float | None, device_type: str) -> torch.Tensor:  # fmt: skip
+    """One SDPA call: (batch, heads, rows, head_dim) out."""
     gqa = query.shape[1] != key.shape[1]
     rows, columns = query.shape[2], key.shape[2]
     causal = False
@@ -92,9 +114,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
         groups = query.shape[1] // key.shape[1]
         key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
         gqa = False
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
-                                         is_causal=causal, scale=scaling, enable_gqa=gqa)  # fmt: skip
-    return out.transpose(1, 2).contiguous(), None
+    return F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
+                                          is_causal=causal, scale=scaling, enable_gqa=gqa)  # fmt: skip
 
 
 AttentionInterface.register(ATTENTION, attention_forward)

@@ -3,16 +3,15 @@
 Each request slot is a twin of the job's adapter (packedss.models.slots) whose cache is an
 EagerSlot: per layer its own keys and values, exactly as long as its committed rows. A batched
 call (packedss.decoding.engine.CallBatch) packs the requests' calls into one sequence, as
-variable-length attention does: the token and position ids are concatenated, and each layer's
-keys and values are [request 1's cache + its rows, request 2's cache + its rows, ...]. A
-block-diagonal additive mask lets each row see its own request's cache and, by its call's rule,
-its own request's rows, and nothing of any other request. Each request's logits come back as
-from its own call; commits and resets stay per request and only move its committed length.
-
-Packing rather than a batch dimension keeps every request's cache exactly as long as it is (no
-left padding, no holes from uncommitted rows). The price is one concatenation of every request's
-keys and values per layer per call, and a dense mask of (all rows) x (all caches + rows), whose
-size grows as C squared (docs/concurrency.md §5).
+variable-length attention does: the token and position ids are concatenated, so every projection,
+the MLPs and the head run once over all of the requests' rows. Attention does not mix them: each
+layer hands the attention function every request's own keys and values (its cache and its rows)
+and its own call's attention (mask, or none where its rule needs none), and each request's rows
+attend over its own keys in an SDPA call of their own (packedss.models.attention,
+`attention_requests`). So a batched call's attention work is the sum over its requests of rows x
+(cache + rows), as a variable-length kernel's is, with no padding and no cross-request mask.
+Each request's logits come back as from its own call; commits and resets stay per request and
+only move its committed length.
 """
 
 from __future__ import annotations
@@ -25,13 +24,14 @@ from packedss.decoding.calls import Role
 from packedss.decoding.engine import CallBatch, Entry
 from packedss.decoding.rows import ranges
 from packedss.models.adapter import BackboneAdapter
-from packedss.models.attention import aligned_full, mask_kernel
+from packedss.models.attention import ATTENTION
 from packedss.models.slots import EagerSlot, SlotAdapters
 
 
 class _PackedCaches:
     """The cache object a packed forward sees: one layer's update appends each request's rows to
-    its own cache and returns the requests' keys and values side by side."""
+    its own cache and returns the requests' keys and values, one tensor each, for the attention
+    function's `attention_requests`."""
 
     def __init__(self, caches: Sequence[EagerSlot], rows: Sequence[int]):
         self.caches = list(caches)
@@ -44,7 +44,7 @@ class _PackedCaches:
             keys.append(k)
             values.append(v)
             start += rows
-        return torch.cat(keys, dim=-2), torch.cat(values, dim=-2)
+        return keys, values
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return sum(cache.committed for cache in self.caches)
@@ -57,6 +57,9 @@ class BatchedCalls(SlotAdapters):
     def __init__(self, adapter: BackboneAdapter, slots: int):
         if adapter.static is not None:
             raise ValueError("the batched path runs eagerly: build it before the static path is enabled")
+        implementation = adapter.backbone.config._attn_implementation
+        if implementation != ATTENTION:
+            raise ValueError(f"the batched path attends per request with the {ATTENTION!r} attention, not {implementation!r}")
         self.adapter = adapter
         self.device = adapter.device
         self.mask_token_id = adapter.mask_token_id
@@ -67,24 +70,17 @@ class BatchedCalls(SlotAdapters):
             twin.static = EagerSlot(layers)
             self.slots.append(twin)
         self.charged_s: float | None = None  # the executor's own time is the model time
-        self.kernel = mask_kernel(adapter.backbone)  # every batched call passes its dense mask
 
-    def mask(self, entries: Sequence[Entry]) -> torch.Tensor:
-        """(1, 1, R, K): the block-diagonal additive mask of a packed call, R the rows of every
-        request's call, K every request's cache plus its rows."""
-        adapter = self.adapter
-        cached = [self.slots[entry.slot].cached_rows for entry in entries]
-        rows = sum(entry.rows for entry in entries)
-        mask = aligned_full(rows, sum(cached) + rows, torch.finfo(adapter.dtype).min, adapter.dtype, self.device)[0, 0]
-        row, column = 0, 0
-        for entry, cache_rows in zip(entries, cached):
-            mask[row : row + entry.rows, column : column + cache_rows] = 0
-            column += cache_rows
-            own = self.slots[entry.slot]._attend_bias(entry.layout.attend)
-            mask[row : row + entry.rows, column : column + entry.rows] = own
-            column += entry.rows
-            row += entry.rows
-        return mask[None, None]
+    def attention(self, entries: Sequence[Entry]) -> tuple[list[tuple], list[str]]:
+        """Each entry's (rows, mask, rule) over its own slot's cache, as a lone call of its layout
+        gets them (BackboneAdapter.own_attention), and its kernel's name."""
+        requests, kernels = [], []
+        for entry in entries:
+            layout = entry.layout
+            mask, rule, kernel = self.slots[entry.slot].own_attention(layout.rule, entry.rows, layout.attend)
+            requests.append((entry.rows, mask, rule))
+            kernels.append(kernel)
+        return requests, kernels
 
     @torch.inference_mode()
     def run(self, batch: CallBatch) -> torch.Tensor:
@@ -92,6 +88,7 @@ class BatchedCalls(SlotAdapters):
         adapter, entries = self.adapter, batch.entries
         for entry in entries:
             self.slots[entry.slot].before_call(entry)  # the family's rules read the call's rows
+        requests, kernels = self.attention(entries)
         lora = adapter.proposal_lora
         if lora is not None:
             drafts = sum(entry.layout.drafts for entry in entries)
@@ -100,7 +97,8 @@ class BatchedCalls(SlotAdapters):
             out = adapter.backbone(
                 input_ids=batch.tokens[None],
                 position_ids=batch.positions[None],
-                attention_mask=self.mask(entries),
+                attention_requests=requests,
+                attention_device=adapter.attention_device,
                 cache=_PackedCaches([self.slots[entry.slot].static for entry in entries], [entry.rows for entry in entries]),
                 use_cache=True,
             )
@@ -117,12 +115,12 @@ class BatchedCalls(SlotAdapters):
         if logits.dtype in (torch.bfloat16, torch.float16):
             logits = logits.float()
         start = 0
-        for entry in entries:
+        for entry, kernel in zip(entries, kernels):
             own, end = self.slots[entry.slot], start + entry.rows - entry.read_from
             # As BackboneAdapter.run counts them: the LoRA is evaluated for every row of a call with drafts.
-            own.call_stats = {"attention": self.kernel} if lora is None else {
+            own.call_stats = {"attention": kernel} if lora is None else {
                 "lora_rows_selected": entry.layout.drafts, "lora_rows_evaluated": entry.rows if entry.layout.drafts else 0,
-                "attention": self.kernel}  # fmt: skip
+                "attention": kernel}  # fmt: skip
             own.after_call(entry, logits[start:end])  # in place: e.g. SetDLM's mask logit
             start = end
         return logits
