@@ -13,7 +13,9 @@ The SLURM launcher also
   it through `submission_problem`): a partition, account or resource request that the cluster
   refuses is one error line and nothing is submitted;
 - polls job states with squeue where sacct cannot give them (accounting disabled, as on small
-  clusters): it says so once, instead of submitit's warning at every poll."""
+  clusters): it says so once, instead of submitit's warning at every poll. A poll the controller
+  does not answer (an error, or no answer within POLL_TIMEOUT_S) leaves every job's state as it
+  was, and the sweep keeps waiting: only a job that squeue no longer knows has ended."""
 
 # No `from __future__ import annotations`: Hydra executes plugin modules outside sys.modules.
 import re
@@ -23,7 +25,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from hydra.core.utils import JobReturn, JobStatus
 from hydra_plugins.hydra_submitit_launcher.submitit_launcher import LocalLauncher as SubmititLocalLauncher
@@ -36,6 +38,8 @@ WAITING_STATES = {
 }  # fmt: skip
 # squeue no longer lists a job some minutes after it ended (MinJobAge): its state is then unknown
 GONE = "ENDED"
+# seconds a job-state poll (sacct, squeue) may take; a poll that fails or takes longer is asked again
+POLL_TIMEOUT_S = 120
 SETTINGS_HINT = ("fix hydra.launcher.partition, account, cpus_per_task, gpus_per_node or mem_gb for this cluster "
                  "(sinfo lists its partitions and nodes)")  # fmt: skip
 
@@ -47,13 +51,21 @@ def failed_return(overrides: List[str], error: Exception) -> JobReturn:
 
 
 class _Job:
-    """A submitit job whose `results()` is a failed JobReturn when the job produced no result."""
+    """A submitit job whose `results()` is a failed JobReturn when the job produced no result, and
+    which tells `on_result` (the sweep's progress) once it has its result."""
 
-    def __init__(self, job: Any, overrides: List[str]):
+    def __init__(self, job: Any, overrides: List[str], on_result: Optional[Callable[..., None]] = None):
         self.job = job
         self.overrides = overrides
+        self.on_result = on_result
 
     def results(self) -> List[JobReturn]:
+        returns = self._results()
+        if self.on_result is not None:
+            self.on_result(failed=any(r.status != JobStatus.COMPLETED for r in returns))
+        return returns
+
+    def _results(self) -> List[JobReturn]:
         import submitit
         from packedss.errors import PackedSSError
 
@@ -79,13 +91,16 @@ class _Job:
 class _Refused:
     """A job of an array that sbatch refused: its result is a failed JobReturn naming sbatch's reason."""
 
-    def __init__(self, overrides: List[str], reason: str):
+    def __init__(self, overrides: List[str], reason: str, on_result: Optional[Callable[..., None]] = None):
         self.overrides = overrides
         self.reason = reason
+        self.on_result = on_result
 
     def results(self) -> List[JobReturn]:
         from packedss.errors import PackedSSError
 
+        if self.on_result is not None:
+            self.on_result(failed=True)
         return [failed_return(self.overrides, PackedSSError(f"sbatch refused the job ({self.reason}); {SETTINGS_HINT}"))]
 
 
@@ -96,9 +111,9 @@ def sbatch_reason(output: str) -> str:
 
 
 @contextmanager
-def _every_job_read() -> Iterator[None]:
+def _every_job_read(on_result: Optional[Callable[..., None]] = None) -> Iterator[None]:
     """While a sweep's jobs are submitted, wrap each submitted job in _Job (_Refused when sbatch
-    refuses the array)."""
+    refuses the array), each telling `on_result` when its result is read."""
     import submitit
 
     submit_array = submitit.AutoExecutor.map_array
@@ -108,8 +123,8 @@ def _every_job_read() -> Iterator[None]:
         try:
             jobs = submit_array(executor, fn, *iterables)
         except (submitit.core.utils.FailedJobError, submitit.core.utils.FailedSubmissionError) as err:
-            return [_Refused(job, sbatch_reason(str(err))) for job in overrides]
-        return [_Job(job, overrides[i] if i < len(overrides) else []) for i, job in enumerate(jobs)]
+            return [_Refused(job, sbatch_reason(str(err)), on_result) for job in overrides]
+        return [_Job(job, overrides[i] if i < len(overrides) else [], on_result) for i, job in enumerate(jobs)]
 
     submitit.AutoExecutor.map_array = map_array
     try:
@@ -135,6 +150,15 @@ def _squeue_states(output: str) -> Dict[str, str]:
     return states
 
 
+def _polled(command: List[str]) -> "Optional[subprocess.CompletedProcess]":
+    """A job-state poll's answer; None when it could not run or did not finish in POLL_TIMEOUT_S
+    (a controller that does not answer), which leaves every job's state as it was."""
+    try:
+        return subprocess.run(command, capture_output=True, text=True, timeout=POLL_TIMEOUT_S)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
 def _watcher_class() -> type:
     from submitit.slurm.slurm import SlurmInfoWatcher
 
@@ -155,14 +179,7 @@ def _watcher_class() -> type:
                 return
             self._num_calls += 1
             if not self.use_squeue:
-                answer = subprocess.run(self._make_command(), capture_output=True, text=True, timeout=120)
-                if answer.returncode == 0:
-                    self._info_dict.update(self.read_info(answer.stdout))
-                else:
-                    self.use_squeue = True
-                    reason = " ".join((answer.stderr or answer.stdout).split()) or f"exit status {answer.returncode}"
-                    print(f"sacct cannot tell job states on this cluster ({reason}); polling them with squeue instead",
-                          file=sys.stderr, flush=True)  # fmt: skip
+                self._poll_sacct()
             if self.use_squeue:
                 self._poll_squeue(job_ids)
             self._last_status_check = time.time()
@@ -170,10 +187,22 @@ def _watcher_class() -> type:
                 if self.is_done(job_id, mode="cache"):
                     self._finished.add(job_id)
 
+        def _poll_sacct(self) -> None:
+            answer = _polled(self._make_command())
+            if answer is None:
+                return  # no answer: keep the states known, ask again at the next poll
+            if answer.returncode == 0:
+                self._info_dict.update(self.read_info(answer.stdout))
+                return
+            self.use_squeue = True
+            reason = " ".join((answer.stderr or answer.stdout).split()) or f"exit status {answer.returncode}"
+            print(f"sacct cannot tell job states on this cluster ({reason}); polling them with squeue instead",
+                  file=sys.stderr, flush=True)  # fmt: skip
+
         def _poll_squeue(self, job_ids: List[str]) -> None:
             command = ["squeue", "--noheader", "--array", "--states=all", "--format=%i|%T", f"--jobs={','.join(job_ids)}"]
-            answer = subprocess.run(command, capture_output=True, text=True, timeout=120)
-            if answer.returncode != 0 and "Invalid job id" not in answer.stderr:
+            answer = _polled(command)
+            if answer is None or (answer.returncode != 0 and "Invalid job id" not in answer.stderr):
                 return  # the controller did not answer: keep the states known, ask again at the next poll
             states = _squeue_states(answer.stdout) if answer.returncode == 0 else {}
             for job_id in self._registered - self._finished:
@@ -196,8 +225,11 @@ def _watched_by(watcher: Any) -> Iterator[None]:
 
 
 class LocalLauncher(SubmititLocalLauncher):
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
-        with _every_job_read():
+    reports_each_result = True  # the sweeper passes on_result (its progress); not kept on the pickled launcher
+
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int,
+               on_result: Optional[Callable[..., None]] = None) -> Sequence[JobReturn]:  # fmt: skip
+        with _every_job_read(on_result):
             return super().launch(job_overrides, initial_job_idx)
 
 
@@ -205,11 +237,13 @@ class SlurmLauncher(SubmititSlurmLauncher):
     # One per process, made at the first launch (submitit's is made at import): it says once that
     # it polls with squeue. A class attribute, so that the launcher pickled into each job leaves it.
     watcher: Any = None
+    reports_each_result = True
 
-    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int) -> Sequence[JobReturn]:
+    def launch(self, job_overrides: Sequence[Sequence[str]], initial_job_idx: int,
+               on_result: Optional[Callable[..., None]] = None) -> Sequence[JobReturn]:  # fmt: skip
         if SlurmLauncher.watcher is None:
             SlurmLauncher.watcher = _watcher_class()(delay_s=600)
-        with _every_job_read(), _watched_by(SlurmLauncher.watcher):
+        with _every_job_read(on_result), _watched_by(SlurmLauncher.watcher):
             return super().launch(job_overrides, initial_job_idx)
 
     def submission_problem(self, jobs: int) -> Optional[str]:
