@@ -25,10 +25,10 @@ QUESTIONS = 4
 MAX_NEW_TOKENS = 96
 # model -> (family, schedules, widths); AR runs at W = 1 only (it reads no W).
 MODELS = {
-    "tiny": ("nemotron", ("ar", "linear", "quadratic", "packed"), (4, 8, 16)),
-    "tiny-set": ("setdlm", ("ar", "linear", "quadratic", "packed", "native"), (4, 8, 16)),
+    "tiny": ("nemotron", ("ar", "linear", "quadratic", "packed", "pld"), (4, 8, 16)),
+    "tiny-set": ("setdlm", ("ar", "linear", "quadratic", "packed", "native", "pld"), (4, 8, 16)),
     # W = 3 is SDAR's block of 4; 15 its Config-B block of 16.
-    "tiny-sdar": ("sdar", ("ar", "linear", "packed", "sdar-native", "s2d2", "s2d2-always"), (3, 7, 15)),
+    "tiny-sdar": ("sdar", ("ar", "linear", "packed", "sdar-native", "s2d2", "s2d2-always", "pld"), (3, 7, 15)),
 }
 
 

@@ -23,6 +23,7 @@ from packedss.decoding import (
     StopCheck,
 )
 from packedss.decoding.driver import Response, run_alone
+from packedss.decoding.pld_schedules import LOOKUP_DECODERS
 from packedss.errors import PackedSSError
 
 
@@ -123,6 +124,8 @@ def _setdlm_window(config: dict) -> int | None:
 
 def _setdlm_settings(schedule: str, options: Mapping, max_block: int | None) -> dict:
     fields = {"order": options.get("order") or ORDERS[0]}
+    if schedule == "pld" and fields["order"] != "ltr":
+        raise PackedSSError(f"invalid order={fields['order']} for schedule=pld; prompt lookup verifies left to right: use order=ltr")
     if schedule == "native" and (options.get("native_window") or max_block):
         # The released native sampler runs a window of half the checkpoint's smax (4 on smax8, 8 on smax16).
         fields["native_window"] = options.get("native_window") or max(1, max_block // 2)
@@ -158,7 +161,7 @@ def register_family(family: Family) -> Family:
 register_family(
     Family(
         name="nemotron",
-        decoders=LTR_DECODERS,
+        decoders=(*LTR_DECODERS, LOOKUP_DECODERS["nemotron"]),
         orders=(),
         block_of_width=lambda width: width + 1,
         settings_type=LTRSettings,
@@ -171,7 +174,7 @@ register_family(
 register_family(
     Family(
         name="setdlm",
-        decoders=ANYORDER_DECODERS,
+        decoders=(*ANYORDER_DECODERS, LOOKUP_DECODERS["setdlm"]),
         orders=ORDERS,
         block_of_width=lambda width: width,
         settings_type=AnyOrderSettings,
@@ -188,7 +191,7 @@ register_family(
 register_family(
     Family(
         name="sdar",
-        decoders=SDAR_DECODERS,
+        decoders=(*SDAR_DECODERS, LOOKUP_DECODERS["sdar"]),
         orders=(),
         block_of_width=lambda width: width + 1,
         settings_type=LTRSettings,

@@ -1,0 +1,199 @@
+"""Prompt lookup decoding (docs/schedules.md §18): the draft lookup equals transformers'
+PromptLookupCandidateGenerator; `pld` equals `ar` token for token in every family (greedy); its
+drafts are accepted on a prompt that repeats a span; at T = 1 it preserves the AR distribution."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+from packedss.decoding import AnyOrderSettings, LTRSettings, Sampling
+from packedss.decoding import pld as pld_module
+from packedss.decoding.pld import lookup_draft, room_for_drafts
+from packedss.errors import PackedSSError
+from packedss.families import FAMILIES
+from packedss.decoding.driver import run_alone
+from packedss.models.static import enable_static, end_warmup, static_capacity
+from packedss.paths import PROJECT_ROOT
+from tests.anyorder_fixtures import ToySetModel
+from tests.decoding import test_batching as batching
+from tests.decoding.test_batching import tiny, tiny_set  # noqa: F401 (fixtures)
+from tests.chi_square import LEVEL, accept_every_draft, chi_square_p
+from tests.decoding.test_anyorder import exact_ltr_distribution
+from tests.decoding.test_distribution import exact_ar_distribution
+from tests.decoding.test_sdar_schedules import ToySDAR
+from tests.toy_ltr import ToyLTRModel
+
+GREEDY = Sampling(0.0, "rejection", None)
+TOY_PROMPT, LENGTH, RUNS = [1, 4, 6], 3, 4000
+
+
+def transformers_draft(context: list[int], k: int, n: int, eos: tuple[int, ...]) -> list[int]:
+    generator = PromptLookupCandidateGenerator(
+        eos_token_id=torch.tensor(eos) if eos else None, num_output_tokens=k, max_matching_ngram_size=n,
+        max_length=len(context) + 1000)  # fmt: skip
+    candidates, _ = generator.get_candidates(torch.tensor([context]))
+    return candidates[0, len(context) :].tolist()
+
+
+def test_lookup_equals_transformers_prompt_lookup_on_random_contexts():
+    rng = random.Random(0)
+    for _ in range(600):
+        context = [rng.randrange(5) for _ in range(rng.randrange(1, 30))]
+        k, n = rng.choice((1, 3, 10)), rng.choice((1, 2, 3))
+        eos = rng.choice(((), (4,), (0, 3)))
+        assert lookup_draft(context, k, n, eos) == transformers_draft(context, k, n, eos), (context, k, n, eos)
+
+
+def test_lookup_takes_the_first_occurrence_and_stops_at_the_end():
+    # The last 2-gram (5, 6) occurs at 0 and at 3: the first occurrence gives the draft.
+    assert lookup_draft([5, 6, 7, 5, 6, 8, 5, 6], 3) == [7, 5, 6]
+    assert lookup_draft([5, 6, 7, 5, 6, 8, 5, 6], 10) == [7, 5, 6, 8, 5, 6]
+    # Not past the context's end, however large k is.
+    assert lookup_draft([1, 2, 3, 1, 2], 10) == [3, 1, 2]
+    # No 2-gram match: the 1-gram; no match at all: no draft; EOS cuts the draft before it.
+    assert lookup_draft([9, 1, 2, 9], 2) == [1, 2]
+    assert lookup_draft([1, 2, 3], 4) == []
+    assert lookup_draft([1, 2, 0, 7, 1, 2], 5, eos_token_ids=(0,)) == []
+    assert lookup_draft([1, 2, 3, 0, 1, 2], 5, eos_token_ids=(0,)) == [3]
+
+
+def test_draft_room_leaves_the_verifier_its_token_under_the_cap():
+    assert room_for_drafts(10, 64, 0) == 10
+    assert room_for_drafts(10, 64, 60) == 3
+    assert room_for_drafts(10, 64, 63) == 0
+
+
+class PeriodicToy(ToyLTRModel):
+    """An AR model that repeats the token PERIOD places back (the verifier of a copy task)."""
+
+    PERIOD = 4
+
+    def ar_logits(self, prefix: tuple[int, ...]) -> torch.Tensor:
+        logits = torch.zeros(self.vocab, dtype=torch.float64)
+        logits[prefix[-self.PERIOD]] = 8.0
+        return logits
+
+
+def test_drafts_of_a_repeated_span_are_accepted():
+    prompt = [1, 2, 3, 4, 1, 2, 3, 4, 1, 2]  # the span 1 2 3 4 repeated; the model continues it
+    nemotron = FAMILIES["nemotron"]
+    out = nemotron.decode(PeriodicToy(), prompt, LTRSettings("pld", 4, 21, (), GREEDY))
+    ar = nemotron.decode(PeriodicToy(), prompt, LTRSettings("ar", 4, 21, (), GREEDY))
+    assert out.tokens == ar.tokens == [3, 4, 1, 2] * 5 + [3]
+    # The first token from the prefill, then every call accepts its 4 drafts and adds the bonus.
+    assert out.accepted == [5, 5, 5, 5]
+    assert out.accepted_drafts == [4, 4, 4, 4] and out.draft_accepted == 16
+    assert out.nfe_total == 5 and ar.nfe_total == 21
+    assert out.rows_evaluated == [len(prompt), 5, 5, 5, 5]
+
+
+def _decode(family: str, model, prompt, schedule: str, width: int, cap: int, sampling: Sampling):
+    settings = (AnyOrderSettings(schedule, width, cap, (), sampling, order="ltr") if family == "setdlm"
+                else LTRSettings(schedule, width, cap, (), sampling))  # fmt: skip
+    return FAMILIES[family].decode(model, prompt, settings)
+
+
+TOYS = {"nemotron": ToyLTRModel, "sdar": ToySDAR, "setdlm": ToySetModel}
+
+
+@pytest.mark.parametrize("family", list(TOYS))
+def test_greedy_pld_equals_ar_on_toy_models(family):
+    rng = random.Random(1)
+    accepted = []
+    for _ in range(12):
+        prompt = [rng.randrange(1, 8) for _ in range(rng.randrange(2, 12))]
+        for width in (1, 3, 10):
+            out = _decode(family, TOYS[family](), prompt, "pld", width, 24, GREEDY)
+            assert out.tokens == _decode(family, TOYS[family](), prompt, "ar", width, 24, GREEDY).tokens
+            assert out.nfe_total == 1 + out.iterations and sum(out.accepted_drafts) == out.draft_accepted
+            assert 1 + sum(out.accepted) - out.truncated_tokens == len(out.tokens)
+            assert out.draft_proposed == sum(out.drafted) and max(out.drafted) <= width
+            accepted += out.accepted_drafts
+    assert max(accepted) >= 1  # some drafts were accepted, so verification was exercised
+
+
+def _samples(family: str, rule: str) -> list[tuple[int, ...]]:
+    samples = []
+    for seed in range(RUNS):
+        sampling = Sampling(1.0, rule, torch.Generator().manual_seed(seed))
+        out = _decode(family, TOYS[family](), TOY_PROMPT, "pld", 3, LENGTH, sampling)
+        samples.append(tuple(out.tokens))
+    return samples
+
+
+@pytest.fixture(scope="module")
+def exact():
+    return {"nemotron": exact_ar_distribution(ToyLTRModel()), "sdar": exact_ar_distribution(ToySDAR()),
+            "setdlm": exact_ltr_distribution(ToySetModel())}  # fmt: skip
+
+
+@pytest.mark.parametrize(("family", "rule"), [("nemotron", "rejection"), ("nemotron", "match"),
+                                              ("sdar", "rejection"), ("setdlm", "rejection")])  # fmt: skip
+def test_sampled_pld_preserves_the_ar_distribution(exact, family, rule):
+    assert chi_square_p(_samples(family, rule), exact[family]) > LEVEL
+
+
+def test_pld_drafts_at_t1_are_accepted_sometimes_and_rejected_sometimes():
+    accepted, drafted = [], []
+    for seed in range(300):
+        sampling = Sampling(1.0, "rejection", torch.Generator().manual_seed(seed))
+        out = _decode("nemotron", ToyLTRModel(), TOY_PROMPT, "pld", 3, LENGTH, sampling)
+        accepted += out.accepted_drafts
+        drafted += out.drafted
+    assert sum(accepted) > 0 and sum(accepted) < sum(drafted)
+
+
+def test_a_verifier_that_accepts_every_draft_fails_the_same_test(exact, monkeypatch):
+    monkeypatch.setattr(pld_module, "verify", accept_every_draft)
+    assert chi_square_p(_samples("nemotron", "rejection"), exact["nemotron"]) < LEVEL
+
+
+# ------------------------------------------------------------------ batched, sampled and static paths
+NEMOTRON, SETDLM = FAMILIES["nemotron"], FAMILIES["setdlm"]
+
+
+@pytest.mark.parametrize("concurrency", [3, 16])
+def test_batched_pld_equals_one_at_a_time(tiny, tiny_set, concurrency):
+    pairs = batching._pairs(concurrency)
+    ltr = batching._requests(NEMOTRON.decoders, lambda cap, key: LTRSettings("pld", 4, cap, (2,), GREEDY), pairs)
+    alone, _ = batching._check(tiny, ltr, concurrency)
+    assert sum(out.draft_accepted for out in alone.values()) > 0  # the repeating prompts' drafts
+    settings = lambda cap, key: AnyOrderSettings("pld", 4, cap, (2,), GREEDY, order="ltr")  # noqa: E731
+    batching._check(tiny_set, batching._requests(SETDLM.decoders, settings, pairs), concurrency)
+
+
+@pytest.mark.parametrize("rule", ["rejection", "match"])
+def test_sampled_batched_pld_draws_each_requests_own_samples(tiny, rule):
+    settings = lambda cap, key: LTRSettings("pld", 4, cap, (2,), batching._sampling(1.0, rule, key))  # noqa: E731
+    alone, _ = batching._check(tiny, batching._requests(NEMOTRON.decoders, settings, batching._pairs(3)), 3)
+    greedy = batching._requests(NEMOTRON.decoders, lambda cap, key: LTRSettings("pld", 4, cap, (2,), GREEDY),
+                                batching._pairs(3))  # fmt: skip
+    assert any(run_alone(r.start(tiny)).tokens != alone[r.key].tokens for r in greedy)  # they did sample
+
+
+@pytest.mark.parametrize("family", ["nemotron", "setdlm"])
+def test_pld_on_the_static_path_equals_eager(family):
+    name = {"nemotron": "tiny", "setdlm": "tiny-set"}[family]
+    path = PROJECT_ROOT / "assets" / "models" / name
+    eager = FAMILIES[family].load_adapter(path, torch.device("cpu"), "float64")
+    prompts, cap, width = [[5, 9, 11, 30, 7], [7, 7, 7, 7, 7], [100, 5, 100, 5, 100, 5]], 24, 4
+    largest = FAMILIES[family].schedule("pld").largest_call_rows(width)
+    static = enable_static(FAMILIES[family].load_adapter(path, torch.device("cpu"), "float64"), "default",
+                           static_capacity(max(map(len, prompts)), cap, largest))  # fmt: skip
+    end_warmup(static)
+    for prompt in prompts:
+        a = _decode(family, eager, prompt, "pld", width, cap, GREEDY)
+        b = _decode(family, static, prompt, "pld", width, cap, GREEDY)
+        assert (b.tokens, b.rows_evaluated) == (a.tokens, a.rows_evaluated)
+        assert max(b.rows_evaluated[1:]) <= largest
+
+
+
+def test_pld_on_a_set_model_needs_the_left_to_right_order():
+    with pytest.raises(PackedSSError, match="order=ltr"):
+        SETDLM.settings_fields("pld", {"order": "confidence"}, 16)
+    assert SETDLM.settings_fields("pld", {"order": None}, 16) == {"order": "ltr"}
