@@ -9,6 +9,7 @@ The definitions and outputs: docs/analysis.md.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,8 @@ from packedss.analysis.bootstrap import N_RESAMPLES, CI, Comparison, compare, pa
 from packedss.analysis.compare import Comparisons
 from packedss.analysis.load import Loaded, load_records
 from packedss.analysis.metrics import aggregate, per_question, per_response
+from packedss.errors import PackedSSError
+from packedss.paths import PROJECT_ROOT
 
 __all__ = [
     "CI",
@@ -34,6 +37,9 @@ __all__ = [
     "per_response",
     "record_sources",
     "records_dir",
+    "results_dir_from_start",
+    "skipped_line",
+    "write_analysis",
 ]
 
 
@@ -41,6 +47,40 @@ def records_dir(results_dir: str | Path) -> Path:
     """A results folder's records: `<results>/records` when it exists, else the folder itself."""
     results_dir = Path(results_dir)
     return results_dir / "records" if (results_dir / "records").is_dir() else results_dir
+
+
+def results_dir_from_start(path: str | Path, environ=None, cwd: Path | None = None) -> Path:
+    """A results folder named where a command was started. A notebook's kernel runs in the
+    notebook's folder (`jupyter execute`, Jupyter, editors), not where the command was typed, so a
+    relative path is tried, in this order, under $PWD (the directory the shell started the command
+    in, which the kernel inherits), the repository root (where the README's commands run) and the
+    working directory; the first where it exists is taken. Raises PackedSSError when none is."""
+    path = Path(path).expanduser()
+    if path.is_absolute():
+        if not path.is_dir():
+            raise PackedSSError(f"no results folder {path}; name a folder that holds records (or RESULTS_DIR/records)")
+        return path
+    environ = os.environ if environ is None else environ
+    starts = [Path(environ["PWD"])] if environ.get("PWD") else []
+    starts += [PROJECT_ROOT, Path.cwd() if cwd is None else cwd]
+    tried = list(dict.fromkeys((start / path).absolute() for start in starts))
+    for candidate in tried:
+        if candidate.is_dir():
+            return candidate
+    raise PackedSSError(f"no results folder {path} (looked for {', '.join(map(str, tried))}); "
+                        "name it relative to where you run the command, or give an absolute path")  # fmt: skip
+
+
+def skipped_line(skipped: list[str], removed: list[Path]) -> str | None:
+    """One line on what a default analysis did not write and why, and which files an earlier
+    analysis wrote of such tables and figures it removed."""
+    parts = []
+    if skipped:
+        parts.append(f"skipped {', '.join(skipped)}: no records of their settings (name one in --tables or --figures to write it anyway)")
+    if removed:
+        stems = ", ".join(dict.fromkeys(path.stem for path in removed))
+        parts.append(f"removed the earlier files of {stems}, which these records do not make")
+    return "; ".join(parts) or None
 
 
 @dataclass

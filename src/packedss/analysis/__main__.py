@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from packedss.analysis import N_RESAMPLES, analyse, audit, record_sources
+from packedss.analysis import N_RESAMPLES, analyse, audit, record_sources, skipped_line
 from packedss.analysis.figures import FIGURES
 from packedss.analysis.load import find_record_files
 from packedss.analysis.tables import ACCEPTANCE, CONCURRENCY, TABLES
@@ -54,18 +54,6 @@ def check_records(sources: list[Path]) -> None:
     where = ", ".join(map(str, sources))
     skipped = f" ({len(bad)} bad lines, the first {bad[0]})" if bad else ""
     raise PackedSSError(f"no usable records under {where}{skipped}; run the jobs first (python run.py ... out_dir=RESULTS_DIR/records)")
-
-
-def skipped_line(skipped: list[str], removed: list[Path]) -> str | None:
-    """One line on what a default analysis did not write and why, and which files an earlier
-    analysis wrote of such tables and figures it removed."""
-    parts = []
-    if skipped:
-        parts.append(f"skipped {', '.join(skipped)}: no records of their settings (name one in --tables or --figures to write it anyway)")
-    if removed:
-        stems = ", ".join(dict.fromkeys(path.stem for path in removed))
-        parts.append(f"removed the earlier files of {stems}, which these records do not make")
-    return "; ".join(parts) or None
 
 
 def main(argv: list[str] | None = None) -> int:
