@@ -28,7 +28,8 @@ needs_tiny = pytest.mark.skipif(not (TINY / "config.json").is_file(), reason="th
 
 CONFIGURATION = [
     (["model=nope"], ["Could not find 'model/nope'", "valid choices for model:", "tiny-set"]),
-    (["schedule=bogus"], ["Could not find 'schedule/bogus'", "ar, linear, native, packed, quadratic"]),
+    (["schedule=bogus"], ["Could not find 'schedule/bogus'", "valid choices for schedule: ar, linear, native, packed",
+                          "quadratic, s2d2, s2d2-always, sdar-native"]),
     (["+experiment=tabel6"], ["(did you mean table6?)"]),
     (["widht=3"], ["unknown key widht (did you mean width?)"]),
     (["+widht=3"], ["unknown key widht (did you mean width?)"]),
@@ -37,6 +38,7 @@ CONFIGURATION = [
     (["width=[1"], ["cannot parse the override"]),
     (["threads=-3"], ["invalid threads=-3"]),
     (["width=0"], ["invalid width=0"]),
+    (["model=tiny-sdar", "model.width=0"], ["invalid model.width=0", "must be >= 1, or null for the default"]),
     (["temperature=inf"], ["invalid temperature=inf", "finite"]),
     (["temperature=nan"], ["invalid temperature=nan", "finite"]),
     (["temperature=-1"], ["invalid temperature=-1"]),
@@ -263,7 +265,7 @@ def default_sigint() -> None:
 ])  # fmt: skip
 def test_a_signal_mid_run_keeps_whole_records_and_says_how_to_resume(signum, status, message, tmp_path):
     out = tmp_path / "out"
-    args = ["schedule=linear", "width=4", "limit=12", "max_new_tokens=96", "warmup=false", f"out_dir={out}"]
+    args = ["schedule=linear", "width=4", "limit=12", "max_new_tokens=96", "warmup=false", "progress=false", f"out_dir={out}"]
     target, directory = None, out / "tiny" / "arith"
     process = subprocess.Popen(run_py_command(args, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env=offline_env(tmp_path), cwd=tmp_path, preexec_fn=default_sigint)  # fmt: skip

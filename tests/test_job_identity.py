@@ -4,6 +4,7 @@ which reads no W, is one job and one row whatever the sweep's widths."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -178,3 +179,33 @@ def test_a_sweep_over_limits_is_two_jobs_and_ar_over_widths_one():
     jobs = plan([["model=tiny", "schedule=ar,packed", "width=4,8", "limit=1,2"]])
     assert sorted((j.schedule, j.width, j.n) for j in jobs) == [
         ("ar", 0, 1), ("ar", 0, 2), ("packed", 4, 1), ("packed", 4, 2), ("packed", 8, 1), ("packed", 8, 2)]  # fmt: skip
+
+
+def test_a_models_own_width_is_its_default_and_one_job_with_the_same_width_given():
+    """A model config's released width (SDAR: 3) is the width of a job that names none; width=N
+    wins; the same W, from the model or given, is one job (the source is not identity)."""
+    from packedss.plan import format_plan, plan
+
+    jobs = plan([["model=tiny-sdar", "schedule=sdar-native,packed"], ["model=tiny-sdar", "schedule=packed", "width=3"],
+                 ["model=tiny-sdar", "schedule=packed", "width=7"], ["model=tiny", "schedule=packed"]])  # fmt: skip
+    assert [(j.model, j.schedule, j.width, j.block, j.width_source) for j in jobs] == [
+        ("tiny-sdar", "sdar-native", 3, 4, "model"), ("tiny-sdar", "packed", 3, 4, "model"),
+        ("tiny-sdar", "packed", 7, 8, "explicit"), ("tiny", "packed", 8, 9, "default")]  # fmt: skip
+    rows = format_plan(jobs).splitlines()  # the plan's W column says where a W not given came from
+    for row, cells in zip(rows[1:5], ("sdar-native +3 \\(model\\) +4", "packed +3 \\(model\\) +4", "packed +7 +8",
+                                      "packed +8 \\(default\\) +9")):  # fmt: skip
+        assert re.search(f" {cells} ", row), row
+
+
+def test_every_model_config_that_names_a_width_is_in_the_docs_table_of_defaults():
+    """docs/configuration.md's table of each family's and model's default width agrees with conf/model/."""
+    from omegaconf import OmegaConf
+
+    from packedss.paths import CONF_DIR, PROJECT_ROOT
+
+    docs = (PROJECT_ROOT / "docs" / "configuration.md").read_text()
+    rows = dict(re.findall(r"^\| `([\w.-]+)` \| \w+ \| (\d+|\d+ \(global\)) \|", docs, flags=re.M))
+    for path in sorted((CONF_DIR / "model").glob("*.yaml")):
+        width = OmegaConf.load(path).get("width")
+        assert path.stem in rows, f"docs/configuration.md lists no default width for model {path.stem}"
+        assert rows[path.stem] == (str(width) if width is not None else "8 (global)"), path.stem

@@ -59,3 +59,20 @@ def test_every_sdar_schedule_runs_through_run_py(monkeypatch, tmp_path):
     for schedule in ("s2d2", "packed"):
         alone, together = _records(second, schedule), _records(second, schedule, concurrency=2)
         assert {q: r["output_hash"] for q, r in together.items()} == {q: r["output_hash"] for q, r in alone.items()}
+
+
+def test_an_sdar_model_runs_its_release_block_unless_width_is_given(monkeypatch, tmp_path):
+    """`model=tiny-sdar schedule=sdar-native` runs the release's block of 4 (the model config's
+    width 3, not the global 8), and says so in its records; an explicit width= wins."""
+    common = ["model=tiny-sdar", "schedule=sdar-native", "limit=1", "max_new_tokens=16", "threads=1", "progress=false"]
+    out = tmp_path / "out"
+    _run_py(monkeypatch, tmp_path / "m1", *common, f"out_dir={out}")
+    _run_py(monkeypatch, tmp_path / "m2", *common, "width=5", f"out_dir={out}")
+    _run_py(monkeypatch, tmp_path / "m3", *common, "width=3", f"out_dir={out}")
+    by_width = {}
+    for path in out.rglob("sdar-native-*.jsonl"):
+        records, bad = read_records(path)
+        assert bad == []
+        by_width[path.name.split("-")[2]] = [(r["width"], r["block"], r["width_source"]) for r in records]
+    # width=3 given is the same job as the model's 3: it resumed the file (nothing new written)
+    assert by_width == {"W3": [(3, 4, "model")], "W5": [(5, 6, "explicit")]}

@@ -59,10 +59,21 @@ def test_grids_expand_as_hydras_product_each_and_their_union():
     assert expand(parser, {}, None, ["a=1,2"]) == [["a=1"], ["a=2"]]
 
 
-def test_rerun_command_quotes_each_override():
-    assert rerun_command(["task=gsm8k", "data_dir=/my data", "+experiment=table6"]) == (
-        "python run.py task=gsm8k 'data_dir=/my data' +experiment=table6"
+def test_rerun_command_names_the_interpreter_and_quotes_each_part(tmp_path):
+    overrides = ["task=gsm8k", "data_dir=/my data", "+experiment=table6"]
+    venv_python = str(PROJECT_ROOT / ".venv" / "bin" / "python")
+    # from the repository's root: the README's own rule, relative paths
+    assert rerun_command(overrides, interpreter=venv_python, cwd=PROJECT_ROOT) == (
+        ".venv/bin/python run.py task=gsm8k 'data_dir=/my data' +experiment=table6"
     )
+    # from elsewhere: absolute paths, a path with a space quoted
+    assert rerun_command(overrides[:1], interpreter="/opt/my env/bin/python", cwd=tmp_path) == (
+        f"'/opt/my env/bin/python' {PROJECT_ROOT / 'run.py'} task=gsm8k"
+    )
+    # an interpreter in the directory itself is not a bare name the shell would look up on PATH
+    assert rerun_command([], interpreter=str(tmp_path / "python"), cwd=tmp_path).startswith("./python ")
+    # by default: the interpreter that runs the sweep
+    assert rerun_command([], cwd=tmp_path).split()[0] in (sys.executable, "./" + Path(sys.executable).name)
 
 
 def test_every_invalid_job_is_listed_before_any_job_runs(tmp_path):
@@ -105,7 +116,22 @@ def test_a_job_that_fails_at_run_time_does_not_stop_the_sweep(tmp_path, launcher
     summary = result.stderr[result.stderr.index("1 of 3 jobs failed") :]
     assert "#1 model=tiny task=math500" in summary
     assert "math500_test.jsonl" in summary
-    assert f"rerun: python run.py model=tiny task=math500 limit=2 max_new_tokens=16 data_dir={data} out_dir={out}" in summary
+    rerun = next(line for line in summary.splitlines() if "rerun: " in line).split("rerun: ", 1)[1]
+    assert rerun == f"{sys.executable} {PROJECT_ROOT / 'run.py'} model=tiny task=math500 limit=2 max_new_tokens=16 data_dir={data} out_dir={out}"
+    progress = [line for line in result.stderr.splitlines() if line.startswith("sweep: ")]
+    assert progress[0] == "sweep: 0 of 3 jobs done, 3 left, 0 s so far; no estimate of the time left yet (none finished)"
+    assert [line.split(",")[0] for line in progress] == [f"sweep: {n} of 3 jobs done" for n in range(4)]
+    assert progress[-1].endswith("so far (1 failed)")
+    if launcher == "basic":
+        # the printed line, as printed, in a shell without the venv on PATH: it reruns the job, now with its data
+        (data / "math500_test.jsonl").write_text("".join(json.dumps({"problem": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n"
+                                                         for i in range(2)))  # fmt: skip
+        env = bad_inputs.offline_env(tmp_path, PATH="/usr/bin:/bin")
+        env.pop("VIRTUAL_ENV", None)
+        again = subprocess.run(rerun, shell=True, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+        assert again.returncode == 0, again.stderr[-3000:]
+        records, bad = read_records(record_file(out / "tiny" / "math500", "packed-W8-T0-s0.jsonl"))
+        assert bad == [] and len(records) == 2
 
 
 @pytest.mark.slow
@@ -221,7 +247,7 @@ def test_a_job_killed_outright_is_a_failed_job_of_the_summary_with_the_local_lau
     summary = result.stderr[result.stderr.index("1 of 3 jobs failed") :]
     assert "#1 model=tiny task=math500" in summary
     assert "ended without a result" in summary and "_log.out" in summary
-    assert "rerun: python run.py model=tiny task=math500" in summary
+    assert f"rerun: {sys.executable} {PROJECT_ROOT / 'run.py'} model=tiny task=math500" in summary
 
 
 @pytest.mark.parametrize("launcher", ["local", "slurm"])

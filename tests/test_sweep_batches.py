@@ -42,4 +42,8 @@ def test_a_middle_job_that_fails_in_its_own_batch_is_in_the_summary(tmp_path):
     summary = result.stderr[result.stderr.index("1 of 3 jobs failed") :]
     assert "#1 model=tiny task=math500" in summary
     assert "math500_test.jsonl" in summary
-    assert f"rerun: python run.py model=tiny task=math500 limit=2 max_new_tokens=16 data_dir={data} out_dir={out}" in summary
+    assert (f"rerun: {sys.executable} {PROJECT_ROOT / 'run.py'} model=tiny task=math500 limit=2 max_new_tokens=16 "
+            f"data_dir={data} out_dir={out}") in summary  # fmt: skip
+    # one line per job ended, in order, batch after batch
+    progress = [line.split(",")[0] for line in result.stderr.splitlines() if line.startswith("sweep: ")]
+    assert progress == [f"sweep: {n} of 3 jobs done" for n in range(4)]

@@ -16,22 +16,26 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from packedss.decoding.trace import TIMINGS
-from packedss.decoding.verify import VERIFY_RULES
 from packedss.errors import PackedSSError, unknown_key_message
-from packedss.families import FAMILIES, family_named
 from packedss.models import resolve_path, select_checkpoint
-from packedss.models.checkpoint import COMPILE_MODES, DTYPES
 from packedss.paths import CONF_DIR
 from packedss.tasks import TaskConfig
 
+# This module imports neither torch nor transformers (the family table and the libraries'
+# choices are imported where they are checked), so that run.py, sweeps and the plan check the
+# values of a config before those load: bad input fails in about a second (docs/errors.md).
+
 DEVICES = ("auto", "cpu", "cuda")
+DEFAULT_WIDTH = 8  # the width of a model whose config names none (conf/config.yaml)
 
 
 @dataclass
 class ModelConfig:
     name: str = MISSING
     family: str = "nemotron"  # a name of packedss.families.FAMILIES
+    # The width its checkpoint was released for (SDAR: 3, the block of 4): the run's width unless
+    # width= is given. null: the global default (DEFAULT_WIDTH).
+    width: Optional[int] = None
     hub_id: Optional[str] = None  # the released weights (used only when download=true or cached)
     path: Optional[str] = None  # a local checkpoint directory; relative paths resolve from the project root
     download: bool = False  # fetch hub_id when it is not cached locally (never in tests)
@@ -62,7 +66,7 @@ class RunConfig:
     model: ModelConfig = MISSING
     task: TaskConfig = MISSING
     schedule: ScheduleConfig = MISSING
-    width: int = 8
+    width: int = DEFAULT_WIDTH  # conf/config.yaml: the model's width (model.width), else DEFAULT_WIDTH
     temperature: float = 0.0
     verify: str = "rejection"
     order: Optional[str] = None  # verification order (any-order families); null: the family's first
@@ -88,6 +92,28 @@ def register_configs() -> None:
     store = ConfigStore.instance()
     store.store(name="run_schema", node=RunConfig)
     OmegaConf.register_new_resolver("serving_width", serving_width, replace=True)
+    OmegaConf.register_new_resolver("model_width", model_width, replace=True)
+
+
+def model_width(released, default) -> int:
+    """`${model_width:${model.width},8}`, conf/config.yaml's width: the model's released width, or
+    the global default when its config names none."""
+    return default if released is None else released
+
+
+WIDTH_SOURCES = ("explicit", "model", "default")
+
+
+def width_source(cfg) -> str:
+    """Where the job's width comes from: "model" (its model config's released width), "default"
+    (the global default: the model names none), or "explicit" (`width=` on the command line or
+    in a preset). A config that is not a DictConfig (already resolved) counts as explicit."""
+    if not OmegaConf.is_config(cfg) or not OmegaConf.is_interpolation(cfg, "width"):
+        return "explicit"
+    raw = OmegaConf.to_container(cfg, resolve=False)["width"]
+    if not str(raw).startswith("${model_width:"):
+        return "explicit"
+    return "default" if cfg.model.width is None else "model"
 
 
 def serving_width(width, *trained: int) -> int:
@@ -117,6 +143,8 @@ def unknown_keys(cfg) -> None:
 
 def models_running(schedule: str) -> str:
     """' (schedule=X runs on model=a, b)': the model configs whose family has the schedule, '' for none."""
+    from packedss.families import FAMILIES, family_named
+
     names = []
     for path in sorted((CONF_DIR / "model").glob("*.yaml")):
         family = OmegaConf.load(path).get("family", "nemotron")
@@ -132,7 +160,16 @@ def _finite(cfg, key: str) -> None:
 
 
 def validate(cfg) -> None:
-    """Check every value that the schema's types cannot; raises PackedSSError with one message."""
+    """Check every value that the schema's types cannot; raises PackedSSError with one message.
+    The values first (`check_values`, no torch), then the choices that the family table and
+    the libraries define (`check_choices`, which imports them)."""
+    check_values(cfg)
+    check_choices(cfg)
+
+
+def check_values(cfg) -> None:
+    """The checks that need neither torch nor the family table: keys, interpolations, and the
+    ranges of the numbers."""
     if OmegaConf.is_config(cfg):
         unknown_keys(cfg)
         try:
@@ -140,37 +177,15 @@ def validate(cfg) -> None:
         except InterpolationResolutionError as err:
             cause = err.__cause__ or err.__context__  # a resolver's own error, e.g. serving_width's
             raise PackedSSError(str(cause) if isinstance(cause, PackedSSError) else str(err)) from None
-    _choice(cfg.model.family, tuple(FAMILIES), "model.family")
-    family = family_named(cfg.model.family)
-    if cfg.schedule.name not in family.schedules:
-        raise PackedSSError(
-            f"invalid schedule={cfg.schedule.name!r} for model {cfg.model.name} ({family.name} family); valid: "
-            f"{', '.join(family.schedules)}{models_running(cfg.schedule.name)}"
-        )
     _finite(cfg, "temperature")
     _finite(cfg.task, "time_limit_s")
+    if cfg.model.width is not None and cfg.model.width < 1:
+        raise PackedSSError(f"invalid model.width={cfg.model.width}; the model's width must be >= 1, or null for the default")
     if cfg.width < 1:
         raise PackedSSError(f"invalid width={cfg.width}; the speculative width must be >= 1")
     if cfg.temperature < 0:
         raise PackedSSError(f"invalid temperature={cfg.temperature}; use 0 for greedy or a positive value")
-    _choice(cfg.verify, VERIFY_RULES, "verify")
-    if family.orders:
-        if cfg.order is not None:
-            _choice(cfg.order, family.orders, f"order (for the {family.name} family)")
-    elif cfg.order is not None:
-        raise PackedSSError(
-            f"order={cfg.order} needs an any-order model; the {cfg.model.name} model ({family.name} family) "
-            "has no verification order: leave order unset"
-        )
     _choice(cfg.device, DEVICES, "device")
-    _choice(cfg.dtype, ("auto", *DTYPES), "dtype")
-    _choice(cfg.timing, TIMINGS, "timing")
-    _choice(cfg.model.compile, COMPILE_MODES, "model.compile")
-    _validate_cost(cfg)
-    if cfg.model.compile != "none" and not cfg.warmup:
-        raise PackedSSError(
-            f"model.compile={cfg.model.compile} needs warmup=true: call shapes are compiled in the untimed warm-up"
-        )
     if cfg.samples < 1:
         raise PackedSSError(f"invalid samples={cfg.samples}; must be >= 1")
     if cfg.samples > 1 and cfg.temperature == 0:
@@ -190,6 +205,40 @@ def validate(cfg) -> None:
         raise PackedSSError(f"invalid max_new_tokens={cfg.max_new_tokens}; must be >= 1")
     if cfg.threads < 0:
         raise PackedSSError(f"invalid threads={cfg.threads}; must be >= 1, or 0 for the default (1 on CPU)")
+
+
+def check_choices(cfg) -> None:
+    """The family's schedules and orders, and the libraries' verification rules, dtypes, timings
+    and compile modes (these imports load torch)."""
+    from packedss.decoding.trace import TIMINGS
+    from packedss.decoding.verify import VERIFY_RULES
+    from packedss.families import FAMILIES, family_named
+    from packedss.models.checkpoint import COMPILE_MODES, DTYPES
+
+    _choice(cfg.model.family, tuple(FAMILIES), "model.family")
+    family = family_named(cfg.model.family)
+    if cfg.schedule.name not in family.schedules:
+        raise PackedSSError(
+            f"invalid schedule={cfg.schedule.name!r} for model {cfg.model.name} ({family.name} family); valid: "
+            f"{', '.join(family.schedules)}{models_running(cfg.schedule.name)}"
+        )
+    _choice(cfg.verify, VERIFY_RULES, "verify")
+    if family.orders:
+        if cfg.order is not None:
+            _choice(cfg.order, family.orders, f"order (for the {family.name} family)")
+    elif cfg.order is not None:
+        raise PackedSSError(
+            f"order={cfg.order} needs an any-order model; the {cfg.model.name} model ({family.name} family) "
+            "has no verification order: leave order unset"
+        )
+    _choice(cfg.dtype, ("auto", *DTYPES), "dtype")
+    _choice(cfg.timing, TIMINGS, "timing")
+    _choice(cfg.model.compile, COMPILE_MODES, "model.compile")
+    _validate_cost(cfg, DTYPES)
+    if cfg.model.compile != "none" and not cfg.warmup:
+        raise PackedSSError(
+            f"model.compile={cfg.model.compile} needs warmup=true: call shapes are compiled in the untimed warm-up"
+        )
 
 
 def check_before_loading(cfg) -> None:
@@ -218,7 +267,7 @@ def check_out_dir(out_dir: str) -> None:
         ) from None
 
 
-def _validate_cost(cfg) -> None:
+def _validate_cost(cfg, dtypes) -> None:
     """The cost twin's settings that need no device (cost_twin.cost_spec checks the rest)."""
     model = cfg.model
     if model.cost_shape is None:
@@ -234,7 +283,7 @@ def _validate_cost(cfg) -> None:
     if model.lora:
         raise PackedSSError("model.cost_shape with model.lora=true: the cost twin has no proposal LoRA; use model.lora=false")
     if model.cost_dtype is not None:
-        _choice(model.cost_dtype, DTYPES, "model.cost_dtype")
+        _choice(model.cost_dtype, dtypes, "model.cost_dtype")
     if model.cost_device is not None:
         _choice(model.cost_device, DEVICES, "model.cost_device")
 
@@ -242,6 +291,8 @@ def _validate_cost(cfg) -> None:
 def resolved_order(cfg) -> Optional[str]:
     """The verification order a job runs: the configured one, else the family's first (None when
     the family has no order)."""
+    from packedss.families import family_named
+
     orders = family_named(cfg.model.family).orders
     return (cfg.order or orders[0]) if orders else None
 
@@ -250,6 +301,8 @@ def validate_width(cfg, max_block: Optional[int]) -> None:
     """The drafter's block must hold the call's block (B from W by the family's rule)."""
     if max_block is None:
         return
+    from packedss.families import family_named
+
     family = family_named(cfg.model.family)
     if family.block_of_width(cfg.width) > max_block:
         raise PackedSSError(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from packedss.config import ModelConfig, check_out_dir, resolved_order, validate, validate_width
+from packedss.config import ModelConfig, check_out_dir, resolved_order, validate, validate_width, width_source
 from packedss.decoding import GREEDY
 from packedss.errors import PackedSSError
 from packedss.families import Family, family_named
@@ -124,6 +124,10 @@ class ResolvedJob:
     cost: Any  # the cost twin's checked packedss.models.cost_twin.CostSpec; None: the model's own time
     task_config: Any  # the TaskConfig (the identity holds its fields)
     width: int  # the W the decoder's settings carry (the identity's is 0 where the schedule reads none)
+    # Where W came from (config.width_source: explicit, model, default), a record field beside the
+    # identity (the same W decodes the same responses wherever it came from); None where the
+    # schedule reads no W.
+    width_source: Optional[str]
     sampling_rule: str  # the verification rule as configured (the identity says "greedy" at T = 0)
     settings_fields: dict  # the family's own decode settings (pad_verify, order, native_window)
     limit: Optional[int]  # the first `limit` questions (None: all)
@@ -171,7 +175,7 @@ def job_spec(cfg) -> ResolvedJob:
     return ResolvedJob(
         identity=identity, model_config=ModelConfig(**OmegaConf.to_container(cfg.model, resolve=True)),
         model_path=model_path, max_block=max_block, device=device, cost=cost, task_config=task_config,
-        width=int(cfg.width), sampling_rule=cfg.verify,
+        width=int(cfg.width), width_source=width_source(cfg) if identity.width else None, sampling_rule=cfg.verify,
         settings_fields=family.settings_fields(identity.schedule, options, max_block),
         limit=cfg.limit, samples=int(cfg.samples), repeats=int(cfg.repeats), data_dir=cfg.data_dir,
         out_dir=str(cfg.out_dir), progress=bool(cfg.progress),

@@ -83,6 +83,7 @@ class PlannedJob:
     overrides: tuple[str, ...]
     estimate_s: Optional[float]  # estimated GPU seconds; None where the paper has no figure
     concurrency: int = 1  # C: responses decoded together
+    width_source: Optional[str] = None  # where W came from (packedss.config.width_source); None: no W read
     scaled: bool = False  # the estimate is the paper's C = 1 time scaled to C (concurrency_factor)
 
     @property
@@ -188,6 +189,7 @@ def concurrency_factor(rows: float, concurrency: int) -> float:
 
 def describe(cfg, overrides: Sequence[str]) -> PlannedJob:
     """What one job runs, from its composed config and its identity (packedss.job)."""
+    from packedss.config import width_source
     from packedss.job import configured_spec
     from packedss.models import select_checkpoint
 
@@ -220,6 +222,7 @@ def describe(cfg, overrides: Sequence[str]) -> PlannedJob:
         overrides=tuple(overrides),
         estimate_s=None,
         concurrency=spec.concurrency,
+        width_source=width_source(cfg) if spec.width else None,
     )
     if per_response is None:
         return job
@@ -275,6 +278,15 @@ def _estimate(job: PlannedJob) -> str:
     return _hours(job.estimate_s) + (SCALED if job.scaled else "")
 
 
+def _width(job: PlannedJob) -> str:
+    """W, with where it came from when no `width=` set it: `3 (model)`, `8 (default)`."""
+    return str(job.width) if job.width_source in (None, "explicit") else f"{job.width} ({job.width_source})"
+
+
+WIDTH_NOTE = ("W (model): the model config's released width (model.width); W (default): the global default, the "
+              "model naming none; width=N sets W")
+
+
 def _row(number: int, job: PlannedJob, concurrent: bool) -> tuple[str, ...]:
     task = f"{job.task} ({job.variant})" if job.variant else job.task
     if job.lora:
@@ -286,7 +298,7 @@ def _row(number: int, job: PlannedJob, concurrent: bool) -> tuple[str, ...]:
         task,
         f"{job.n:,}",
         job.schedule,
-        str(job.width),
+        _width(job),
         str(job.block),
         f"{job.temperature:g}",
         job.verify,
@@ -312,6 +324,8 @@ def format_plan(jobs: Sequence[PlannedJob]) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
     lines.append("")
+    if any(job.width_source in ("model", "default") for job in jobs):
+        lines.append(WIDTH_NOTE)
     lines.append("Estimated GPU time (an estimate: the paper's time per NFE x NFE per response, Tables 6-9, x responses):")
     for model in dict.fromkeys(job.model for job in jobs):
         own = [job for job in jobs if job.model == model]

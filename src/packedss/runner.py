@@ -26,7 +26,6 @@ from typing import Any, NamedTuple
 
 import torch
 import transformers
-from tqdm import tqdm
 
 import packedss
 from packedss.decoding import DecodeSettings, Decoded, Sampling
@@ -43,6 +42,7 @@ from packedss.models.static import end_warmup, static_capacity, static_twin
 from packedss.numerics import exact_reductions
 from packedss.paths import PROJECT_ROOT
 from packedss.preemption import SignalGuard
+from packedss.progress import response_progress
 from packedss.records import RecordWriter, output_hash
 from packedss.tasks import Question, Task, load_task
 from packedss.tasks.prompts import encode_prompt
@@ -152,7 +152,7 @@ def run_job(cfg) -> JobResult:
         for warning in resume.warnings():  # bad lines: kept, named, and not counted as done
             print(warning, file=sys.stderr)
         pending = pending_responses(responses, resume.done)
-        fields = job_fields(job.identity) | warm_up(job, resources, pending)
+        fields = job_fields(job.identity) | {"width_source": job.width_source} | warm_up(job, resources, pending)
         started = time.perf_counter()
         tally = write_records(resources, fields, decoded_responses(resources, pending), len(pending), writer, guard)
         if tally.written:
@@ -284,10 +284,9 @@ def job_fields(spec: JobSpec) -> dict:
 def write_records(resources: JobResources, fields: dict, decoded: Iterator[tuple[PendingResponse, Decoded]],
                   total: int, writer: RecordWriter, guard: SignalGuard) -> Tally:  # fmt: skip
     """Grade each decoded response and append its record (a signal waits until the record is
-    whole); a progress bar shows tokens/s and acceptance."""
+    whole); a progress bar shows tokens/s and acceptance (plain lines when stderr is not a terminal)."""
     spec, tally, grades = resources.job.identity, Tally(), {}
-    bar = tqdm(total=total, desc=f"{spec.model}/{spec.task}/{spec.schedule} W={spec.width}", unit="response",
-               disable=None if resources.job.progress else True, file=sys.stderr)  # fmt: skip
+    bar = response_progress(total, f"{spec.model}/{spec.task}/{spec.schedule} W={spec.width}", resources.job.progress)
     for response, out in decoded:
         text = output_text(resources.tokenizer, out.tokens, resources.stops)
         key = (response.question.question_id, response.sample)

@@ -16,7 +16,9 @@ plan (`packedss.plan`), so that the plan lists exactly the jobs that a sweep run
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -165,9 +167,28 @@ def invalid_jobs_message(jobs: Sequence[Job]) -> Optional[str]:
     return "\n".join(lines)
 
 
-def rerun_command(overrides: Sequence[str]) -> str:
-    """The command that runs one job of a sweep again, alone (it resumes from its records)."""
-    return " ".join(["python run.py", *(shlex.quote(override) for override in overrides)])
+def rerun_command(overrides: Sequence[str], interpreter: Optional[str] = None, cwd: Optional[Path] = None) -> str:
+    """The command that runs one job of a sweep again, alone (it resumes from its records), as it
+    runs when pasted in the directory the sweep ran in (`cwd`): the interpreter running the sweep
+    (a bare `python` may be another one, or none, without the venv activated) and run.py, each
+    relative to that directory when under it (`.venv/bin/python run.py ...` from the repository's
+    root), every part quoted for the shell."""
+    where = Path.cwd() if cwd is None else Path(cwd)
+    program = [_path_from(where, interpreter or sys.executable or "python3", command=True),
+               _path_from(where, PROJECT_ROOT / "run.py")]  # fmt: skip
+    return shlex.join([*program, *overrides])
+
+
+def _path_from(directory: Path, path: str | Path, command: bool = False) -> str:
+    """`path` relative to `directory` when under it, else absolute; symbolic links kept (a venv's
+    python is one). A command gets `./` where it would be a bare name, which the shell looks up
+    on PATH."""
+    absolute = Path(os.path.abspath(path))
+    try:
+        relative = absolute.relative_to(os.path.abspath(directory))
+    except ValueError:
+        return str(absolute)
+    return f"./{relative}" if command and len(relative.parts) == 1 else str(relative)
 
 
 @dataclass

@@ -7,7 +7,9 @@ grids (`hydra.sweeper.grids`, see packedss.sweep), which
   is one error line before anything is submitted;
 - runs every job even when some fail at run time (a data error, an out-of-memory, a model that
   cannot load), then lists the failed jobs with their error and the command to rerun each, and
-  exits with status 1.
+  exits with status 1;
+- says, when the sweep starts and as each job ends, how many jobs are done and left and the time
+  left estimated from the jobs finished so far (packedss.progress).
 
 It hands the jobs to the configured launcher (basic, submitit local, submitit slurm), so every
 launcher goes through the same checks. packedss is imported only when a sweep starts: Hydra
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional
 
+from hydra._internal.core_plugins.basic_launcher import BasicLauncher
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra.core.config_store import ConfigStore
 from hydra.core.utils import JobStatus
@@ -51,6 +54,7 @@ class PackedSSSweeper(BasicSweeper):
         self.grids = grids
 
     def sweep(self, arguments: List[str]) -> Any:
+        from packedss.progress import SweepProgress
         from packedss.sweep import Failure, compose_jobs, failures_message, invalid_jobs_message
 
         assert self.config is not None and self.launcher is not None and self.hydra_context is not None
@@ -71,16 +75,27 @@ class PackedSSSweeper(BasicSweeper):
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        self.overrides = list(self.split_overrides_to_chunks([job.overrides for job in jobs], self.max_batch_size))
+        # The basic launcher runs a batch in this process, one job after another: one job a
+        # batch, so that the progress line follows each job.
+        batch_size = self.max_batch_size or (1 if isinstance(self.launcher, BasicLauncher) else None)
+        self.overrides = list(self.split_overrides_to_chunks([job.overrides for job in jobs], batch_size))
         returns = []
         failures: List[Failure] = []
+        progress = SweepProgress(len(jobs))
+        # A launcher that reads its jobs' results one by one (the submitit ones) reports each as it is read.
+        reporting = getattr(self.launcher, "reports_each_result", False)
         first = 0
         while not self.is_done():
             batch = self.get_job_batch()
-            results = self.launcher.launch(batch, initial_job_idx=first)
+            if reporting:
+                results = self.launcher.launch(batch, initial_job_idx=first, on_result=progress.job_finished)
+            else:
+                results = self.launcher.launch(batch, initial_job_idx=first)
             for number, (overrides, result) in enumerate(zip(batch, results), start=first):
                 if result.status != JobStatus.COMPLETED:
                     failures.append(Failure(number, list(overrides), result._return_value))
+                if not reporting:
+                    progress.job_finished(failed=result.status != JobStatus.COMPLETED)
             first += len(batch)
             returns.append(results)
         if failures:

@@ -1,0 +1,145 @@
+"""Progress of long work, on a terminal and in a log alike: how much is done, how much is left,
+and the time left estimated from what has finished so far.
+
+- A sweep's jobs (`SweepProgress`, the packedss sweeper): a line when the sweep starts and one as
+  each job ends, whatever the launcher.
+- A job's responses (`response_progress`, the runner): tqdm's bar on a terminal; when stderr is
+  not a terminal (a log file, a pipe, `make ... > log`), where tqdm shows nothing, plain lines
+  instead: one at the start, one every `interval_s` (30 s: a timer thread, so that a long
+  response still gives its line) and one at the end.
+
+Clocks are injectable (`clock`), and a plain progress's line can be asked for (`tick`), so that
+tests do not depend on the machine's speed."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import IO, Optional
+
+from tqdm import tqdm
+
+LINE_INTERVAL_S = 30.0  # the most seconds between two plain progress lines (a log gets two a minute)
+
+
+def duration(seconds: float) -> str:
+    """`45 s`, `3 min 20 s`, `2 h 05 min`."""
+    seconds = max(0, round(seconds))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+def done_and_left(done: int, total: int, unit: str, elapsed_s: float) -> str:
+    """`3 of 10 jobs done, 7 left, 1 min 0 s so far; about 2 min 20 s left (20 s a job, from the 3 done)`.
+    The estimate is the mean time of the finished ones times those left; none before one finished."""
+    left = total - done
+    text = f"{done} of {total} {unit}s done, {left} left, {duration(elapsed_s)} so far"
+    if left == 0:
+        return text
+    if done == 0:
+        return f"{text}; no estimate of the time left yet (none finished)"
+    per_item = elapsed_s / done
+    return f"{text}; about {duration(per_item * left)} left ({duration(per_item)} a {unit}, from the {done} done)"
+
+
+class SweepProgress:
+    """A sweep's progress lines: `sweep: 0 of 45 jobs done, 45 left, ...` at the start and after
+    each job (a failed job is done too; the line says how many failed)."""
+
+    def __init__(self, total: int, file: Optional[IO[str]] = None, clock: Callable[[], float] = time.monotonic):
+        self.total = total
+        self.file = file
+        self.clock = clock
+        self.started = clock()
+        self.done = 0
+        self.failed = 0
+        self.line()
+
+    def job_finished(self, failed: bool = False) -> None:
+        self.done += 1
+        self.failed += int(failed)
+        self.line()
+
+    def line(self) -> None:
+        failed = f" ({self.failed} failed)" if self.failed else ""
+        text = done_and_left(self.done, self.total, "job", self.clock() - self.started)
+        print(f"sweep: {text}{failed}", file=self.file or sys.stderr, flush=True)
+
+
+class PlainProgress:
+    """tqdm's interface (update, set_postfix, close) as plain lines, for a stderr that is not a
+    terminal: one at the start, at most `interval_s` apart (the timer thread asks with `tick`; an
+    update asks too), and one at the end."""
+
+    printed: tuple[int, str] = (-1, "")  # (responses done, postfix) of the last line
+
+    def __init__(self, total: int, desc: str, file: IO[str], interval_s: float = LINE_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic, timer: bool = True):  # fmt: skip
+        self.total, self.desc, self.file, self.interval_s, self.clock = total, desc, file, interval_s, clock
+        self.started = self.last_line = clock()
+        self.done = 0
+        self.postfix = ""
+        self.lock = threading.Lock()
+        self.stopped = threading.Event()
+        self.line()
+        self.thread = threading.Thread(target=self._tick_until_closed, daemon=True) if timer else None
+        if self.thread is not None:
+            self.thread.start()
+
+    def update(self, n: int = 1) -> None:
+        with self.lock:
+            self.done += n
+        self.tick()
+
+    def set_postfix(self, **values: str) -> None:
+        with self.lock:
+            self.postfix = ", ".join(f"{key} {value}" for key, value in values.items())
+
+    def tick(self) -> None:
+        """A line when `interval_s` have passed since the last one."""
+        if self.clock() - self.last_line >= self.interval_s:
+            self.line()
+
+    def line(self) -> None:
+        with self.lock:
+            now = self.clock()
+            self.last_line = now
+            self.printed = (self.done, self.postfix)
+            text = done_and_left(self.done, self.total, "response", now - self.started)
+            postfix = f"; {self.postfix}" if self.postfix else ""
+            print(f"{self.desc}: {text}{postfix}", file=self.file, flush=True)
+
+    def close(self) -> None:
+        """The last line, unless the one before says the same."""
+        self.stopped.set()
+        if self.thread is not None:
+            self.thread.join()
+        if self.printed != (self.done, self.postfix):
+            self.line()
+
+    def _tick_until_closed(self) -> None:
+        while not self.stopped.wait(min(self.interval_s, 1.0)):
+            self.tick()
+
+
+def response_progress(total: int, desc: str, enabled: bool, file: Optional[IO[str]] = None, **plain):
+    """A job's progress over its `total` responses: tqdm on a terminal, PlainProgress elsewhere,
+    a disabled tqdm when progress=false. `plain`: PlainProgress's interval_s, clock, timer."""
+    file = file or sys.stderr
+    if not enabled or total == 0:
+        return tqdm(total=total, disable=True)
+    if _is_terminal(file):
+        return tqdm(total=total, desc=desc, unit="response", file=file)
+    return PlainProgress(total, desc, file, **plain)
+
+
+def _is_terminal(file: IO[str]) -> bool:
+    try:
+        return file.isatty()
+    except (AttributeError, ValueError):  # no isatty, or closed
+        return False
