@@ -11,6 +11,10 @@ whole output is the code. Programs:
   EvalPlus's own check (below) of ``code`` against the ground truth on the base, then the
   plus inputs.
 
+A program that times out (the sandbox's limit, or EvalPlus's per-input limit) runs once more,
+alone, and that run's verdict counts; the record's ``grade_attempts`` lists the runs
+(``run_attempts``, docs/sandbox.md §8).
+
 EvalPlus release format: the program runs EvalPlus's own pieces in the sandbox as
 ``evalplus.evaluate`` does, for the base inputs and then, when they pass, for the plus inputs:
 ``trusted_exec`` of ``prompt + canonical_solution`` gives the expected outputs and reference

@@ -6,7 +6,8 @@ Guarantees (docs/sandbox.md has the details and the limits):
   scrubbed environment (minimal PATH, HOME/TMPDIR = the sandbox); ``python -I`` (isolated
   mode: no PYTHON* variables, no user site, no script dir on path);
 - its own session/process group; wall-clock limit enforced by the harness (SIGKILL to the
-  group and, when root, to every process of the sandbox's uid), plus RLIMIT_CPU;
+  group and, when root, to every process of the sandbox's uid), plus RLIMIT_CPU; ``alone=True``
+  runs it with no other program of this process beside it (packedss.tasks.gate);
 - RLIMIT_AS/RLIMIT_DATA (memory), RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE=0, RLIMIT_NPROC;
 - kernel-enforced for every user, where the kernel offers it: Landlock (writes only under
   the working directory, reads only of the Python installation and system libraries, no
