@@ -407,3 +407,16 @@ def test_a_stop_that_omegaconf_re_raises_keeps_its_signal():
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR2):
         rewrapped = Stopped(f"{Stopped(signum)}\n    full_key: model\n    object_type=RunConfig")
         assert (str(rewrapped), rewrapped.exit_status) == (str(Stopped(signum)), 128 + signum)
+
+
+def test_the_documented_schedule_error_is_what_run_py_prints(tmp_path):
+    """docs/errors.md's `schedule=bogus` row, its `...` standing for the names between, matches the line."""
+    import re
+
+    row = next(line for line in (PROJECT_ROOT / "docs" / "errors.md").read_text().splitlines()
+               if line.startswith("| configuration | run.py | `schedule=bogus` |"))  # fmt: skip
+    documented = row.split(" | ")[3].split("`")[1]
+    line = error_line(run_py(["schedule=bogus", f"out_dir={tmp_path / 'out'}"], tmp_path))
+    assert re.fullmatch(".*".join(map(re.escape, documented.split("..."))), line), (documented, line)
+    names = sorted(path.stem for path in (PROJECT_ROOT / "conf" / "schedule").glob("*.yaml"))
+    assert line.endswith("valid choices for schedule: " + ", ".join(names)), line

@@ -340,14 +340,16 @@ def write_throughput(path: Path, spec: JobSpec, tally: Tally, elapsed_s: float) 
 
 
 def code_version() -> str:
-    """packedss version plus the git commit (and '-dirty') when run from a checkout."""
+    """packedss version plus the git commit (and '-dirty') when run from a checkout; without .git
+    (a copy of the tree, as scripts/gpu_check.sh runs on a GPU machine) the commit the copy was
+    made from, PACKEDSS_COMMIT, else 'unknown'."""
     try:
         sha = subprocess.run(
             ["git", "-C", str(PROJECT_ROOT), "describe", "--always", "--dirty", "--abbrev=12"],
             capture_output=True, text=True, timeout=5, check=True,
         ).stdout.strip()  # fmt: skip
     except (OSError, subprocess.SubprocessError):
-        sha = "unknown"
+        sha = os.environ.get("PACKEDSS_COMMIT", "").strip() or "unknown"
     return f"{packedss.__version__}+{sha}"
 
 
