@@ -10,9 +10,15 @@ weight-streaming floor and the HBM floor (the call's weight bytes at the device-
 bandwidth measured in the same round robin), with each call's achieved bandwidth, its CUDA-graph
 replays and cudagraph skips, and the 2B/B ratio eager and compiled where both calls were timed
 (packedss.benchmark.calls.bench_compiled). A row count is compiled when the first block that
-needs it comes. --json is rewritten after every block, so a run cut short keeps every block it
-measured; the table is printed at the end, in bench_calls.py's layout (runs.<attention
-implementation>: packedss, the harness's own).
+needs it comes. Before a block is timed, each of its compiled calls runs once on a new input
+beside the eager call of that input (same device, same weights, same cache): their logits are
+kept as `graph_vs_eager` ({rows, max_abs_logit_diff, argmax_agreement, ...} per call), and a
+call whose graph differs beyond the bfloat16 tolerance (packedss.benchmark.graph_check) is not
+timed and fails the step (exit status 1, "graph replay differs from eager"). It runs under the
+runner's exact reductions (packedss.numerics.exact_reductions), as every decode job does. --json
+is rewritten after every block, so a run cut short keeps every block it measured; the table is
+printed at the end, in bench_calls.py's layout (runs.<attention implementation>: packedss, the
+harness's own).
 
     python scripts/gpu_calls.py --shape nemotron8b --device cuda --blocks 32,16,8 --json results/gpu_check/graphs-8b.json
 """
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -40,9 +47,11 @@ from packedss.benchmark.calls import (  # noqa: E402
     shape_config,
 )
 from packedss.benchmark.floors import stream_min_bytes  # noqa: E402
+from packedss.benchmark.graph_check import GRAPH_DIFFERS  # noqa: E402
 from packedss.errors import ArgumentParser, closest, number, numbers, run_cli  # noqa: E402
 from packedss.models.checkpoint import DTYPES, resolve_dtype  # noqa: E402
 from packedss.models.checkpoint import COMPILE_MODES  # noqa: E402
+from packedss.numerics import exact_reductions  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -79,6 +88,7 @@ def main(argv=None) -> int:
         ap.error(f"--json {args.json}: its directory does not exist; create it or pick another path")
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda but no CUDA device is available; use --device cpu")
+    exact_reductions()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), resolve_dtype(args.dtype)
@@ -96,8 +106,10 @@ def main(argv=None) -> int:
     run = report["runs"].setdefault(adapter.backbone.config._attn_implementation, {"params": params})
     path = Path(args.json)
 
+    compared: list[dict] = []  # graph_vs_eager, filled by bench_compiled before each block is timed
+
     def write(results: list[dict], compile_s: dict[str, float]) -> None:
-        run.update({"calls": results, "compile_s": compile_s, "ratios_2B_B": ratios_2b_b(results),
+        run.update({"calls": results, "compile_s": compile_s, "graph_vs_eager": compared, "ratios_2B_B": ratios_2b_b(results),
                     "median_ratio": median_ratio(results),
                     "compiled_floor_median": median_ratio(results, "compiled_floor", FLOOR_KINDS)})  # fmt: skip
         temporary = path.with_name(path.name + ".tmp")
@@ -106,9 +118,15 @@ def main(argv=None) -> int:
 
     report["rows"] = rows
     results, compile_s = bench_compiled(adapter, args.compile, args.blocks, args.prefix, args.warmup, args.iters,
-                                        stream_bytes, rows, on_result=write)  # fmt: skip
+                                        stream_bytes, rows, on_result=write, comparisons=compared)  # fmt: skip
     write(results, compile_s)
     print(render_compiled(results, compile_s, header) + "\n", flush=True)
+    differ = [c for c in compared if not c["pass"]]
+    if differ:
+        print(f"error: {GRAPH_DIFFERS}: " + "; ".join(f"B={c['block']} {c['kind']} ({c['rows']} rows): max |diff| "
+              f"{c['max_abs_logit_diff']:.3g} (tolerance {c['tolerance']:.3g}), argmax agreement "
+              f"{c['argmax_agreement']:.3f}" for c in differ) + "; these calls were not timed", file=sys.stderr)  # fmt: skip
+        return 1
     return 0
 
 

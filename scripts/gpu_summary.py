@@ -10,10 +10,13 @@ failed.
     python scripts/gpu_summary.py --results results/gpu_check --cuda
 
 The checks: the preflight (the backbones take the adapters' cache keyword), float32 exactness
-and the bfloat16 divergence audit of tiny, the 8B shape's calls under CUDA graphs (graph
-replays, the 2B/B ratio at B = 32, every call against the HBM floor), host syncs per response
-(under torch.cuda.set_sync_debug_mode), and one C = 1 against C = 16 concurrency point (every
-response written, the audit at each C, Packed/Linear by C).
+and the bfloat16 divergence audit of tiny, the 8B shape's calls under CUDA graphs (each compiled
+call against the eager call of the same input, graph replays, the 2B/B ratio at B = 32, every
+call against the HBM floor of what it moves), host syncs per response (under
+torch.cuda.set_sync_debug_mode), and one C = 1 against C = 8 concurrency point on eager,
+host-bound calls (every response written, the audit at each C, Packed/Linear by C). A step left
+out of the run's plan (gpu_check.sh's ONLY or SKIP; RESULTS/plan.tsv) has its checks SKIP; a step
+cut short (exit status 124 or 137) is named so in the steps' table.
 """
 
 from __future__ import annotations
@@ -32,7 +35,13 @@ HBM_FLOOR_MAX = 2.0  # a compiled call of B or 2B rows at most 2x the HBM floor 
 RATIO_BLOCK = 32
 FLOOR_KINDS = ("ar", "linear-verify", "packed")  # R = 1, B and 2B rows (those the step timed)
 STEPS = ("wheels", "preflight", "audit-fp32", "audit-bf16", "graphs-8b", "syncs", "concurrency-8b")
+STEP_CHECKS = {"preflight": ("preflight",), "audit-fp32": ("fp32-exact",), "audit-bf16": ("audit-bf16",),
+               "graphs-8b": ("graph-vs-eager-8b", "graph-replays-8b", "memory-bound-8b", "hbm-floor-8b"),
+               "syncs": ("syncs",), "concurrency-8b": ("concurrency-runs", "concurrency-audit")}  # fmt: skip
+CUT_SHORT = (124, 137)  # timeout's status, and SIGKILL's (timeout -k) when a step ignored the TERM
 NO_CUDA = "no CUDA device (DRY=1 runs on the CPU)"
+GRAPH_DIFFERS = "graph replay differs from eager"
+CONCURRENCY_REGIME = "eager, host-bound"  # the cost twin's calls run eagerly: the host's dispatch, not HBM
 
 
 class Checks:
@@ -68,6 +77,14 @@ def load(results: Path, step: str) -> dict | None:
         return None
 
 
+def planned(results: Path) -> list[str]:
+    """The steps of the run's plan (RESULTS/plan.tsv; every step when there is none)."""
+    try:
+        return [line.split("\t")[0] for line in (results / "plan.tsv").read_text().splitlines() if line]
+    except OSError:
+        return [*STEPS, "summary", "pack"]
+
+
 def plan_rows(results: Path) -> list[dict]:
     """The steps gpu_check.sh ran: name, budget, exit status and seconds (RESULTS/steps.tsv)."""
     try:
@@ -91,14 +108,16 @@ def cut_short(report: dict) -> str:
     return "" if report.get("done", True) else "; the step was cut short: these are the rows it finished"
 
 
-def preflight(checks: Checks, steps: dict) -> None:
+def preflight(checks: Checks, steps: dict, cut: set[str]) -> None:
     criterion = "transformers' Ministral3Model and Qwen3Model take the adapters' cache keyword; hydra-core, omegaconf present"
     report = steps.get("preflight")
+    late = ("cut short by its budget: not fatal, the steps ran (each adapter checks its backbone's cache keyword "
+            "itself)") if "preflight" in cut else ""  # fmt: skip
     if report is None:
-        return checks.missing("preflight", criterion, "preflight")
+        return checks.add("preflight", "FAIL", criterion, late) if late else checks.missing("preflight", criterion, "preflight")
     checks.add("versions", "INFO", "the environment of the run", report["line"], **report["versions"])
     checks.verdict("preflight", report["refused"] is None and len(report["backbones"]) == 2, criterion,
-                   report["refused"] or ", ".join(f"{k} {v}" for k, v in report["backbones"].items()))  # fmt: skip
+                   late or report["refused"] or ", ".join(f"{k} {v}" for k, v in report["backbones"].items()))  # fmt: skip
 
 
 def audit_counts(report: dict) -> str:
@@ -158,6 +177,7 @@ def graph_calls(checks: Checks, steps: dict, cuda: bool) -> None:
     floor_criterion = (f"8b shape, CUDA graphs: every timed call of R = 1, B or 2B rows <= {HBM_FLOOR_MAX:g}x the HBM "
                        "floor (it achieves >= half the device-to-device copy bandwidth)")  # fmt: skip
     run = None if report is None or not report["runs"] else next(iter(report["runs"].values()))
+    graph_vs_eager(checks, run, report)
     if run is None or not run.get("calls"):
         for name, criterion in (("graph-replays-8b", replay_criterion), ("memory-bound-8b", ratio_criterion),
                                 ("hbm-floor-8b", floor_criterion)):  # fmt: skip
@@ -168,20 +188,26 @@ def graph_calls(checks: Checks, steps: dict, cuda: bool) -> None:
     where = report.get("device_name", report["device"])
     checks.say(f"8b shape ({run['params'] / 1e9:.2f}B parameters, {report['dtype']}, compile={report['compile']}, "
                f"{where}): weight bytes {first['weight_bytes'] / 1e9:.2f} GB; device-to-device copy "
-               f"{first['copy_gbs']:.1f} GB/s -> HBM floor {first['hbm_floor_ms']:.3f} ms; compile s per shape: "
+               f"{first['copy_gbs']:.1f} GB/s; compile s per shape: "
                + ", ".join(f"{k} {v:.0f}" for k, v in run.get("compile_s", {}).items()))  # fmt: skip
-    checks.say("| C | B | call | R | compiled ms | eager ms | products ms | HBM floor ms | compiled / HBM | achieved GB/s |")
-    checks.say("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    checks.say("HBM floor of a call = (weights + its K/V read + the K/V its masked SDPA repeats to the query heads, "
+               "written and read) / the copy bandwidth")  # fmt: skip
+    checks.say("| C | B | call | R | compiled ms | eager ms | products ms | weights GB | KV read GB | KV repeat GB | "
+               "HBM floor ms | compiled / HBM | achieved GB/s |")  # fmt: skip
+    checks.say("|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for c in calls:
         if c["kind"] == "linear-draft":
             continue  # the same B rows as linear-verify
+        moved = c.get("traffic") or {"weights": c["weight_bytes"], "kv_read": math.nan, "kv_repeat": math.nan}
         checks.say(f"| {c['prefix']} | {c['block']} | {c['kind']} | {c['rows']} | {c['compiled_ms']:.3f} | "
-                   f"{c['eager_ms']:.3f} | {c['products_ms']:.3f} | {c['hbm_floor_ms']:.3f} | {c['compiled_hbm']:.2f} | "
-                   f"{c['compiled_gbs']:.1f} |")  # fmt: skip
+                   f"{c['eager_ms']:.3f} | {c['products_ms']:.3f} | {moved['weights'] / 1e9:.2f} | "
+                   f"{moved['kv_read'] / 1e9:.3f} | {moved['kv_repeat'] / 1e9:.3f} | {c['hbm_floor_ms']:.3f} | "
+                   f"{c['compiled_hbm']:.2f} | {c['compiled_gbs']:.1f} |")  # fmt: skip
     ratio_text = ", ".join(f"B={r['block']}: eager {r['eager']:.2f}x, compiled {r['compiled']:.2f}x" for r in ratios)
     checks.add("ratio-2B-B-8b", "INFO", f"8b shape: 2B-row call / B-row call, eager and under compile={report['compile']}",
                ratio_text or "no block timed both calls", ratios=ratios)  # fmt: skip
-    numbers = {"copy_gbs": first["copy_gbs"], "hbm_floor_ms": first["hbm_floor_ms"], "weight_bytes": first["weight_bytes"]}
+    numbers = {"copy_gbs": first["copy_gbs"], "hbm_floor_ms": first["hbm_floor_ms"], "weight_bytes": first["weight_bytes"],
+               "traffic": first.get("traffic")}  # fmt: skip
     replayed = [c["graph_replays_min"] for c in calls]
     if not cuda or report["compile"] != "reduce-overhead" or any(r is None for r in replayed):
         reason = NO_CUDA if not cuda else f"compile={report['compile']} records no CUDA graphs"
@@ -205,6 +231,32 @@ def graph_calls(checks: Checks, steps: dict, cuda: bool) -> None:
     checks.verdict("hbm-floor-8b", highest <= HBM_FLOOR_MAX, floor_criterion,
                    f"largest compiled / HBM floor {highest:.2f}x, lowest achieved "
                    f"{min(c['compiled_gbs'] for c in shown):.1f} GB/s of {first['copy_gbs']:.1f}", **numbers)  # fmt: skip
+
+
+def graph_vs_eager(checks: Checks, run: dict | None, report: dict | None) -> None:
+    """Every timed compiled call was checked against the eager call of the same input, and none differs."""
+    criterion = ("8b shape: every timed compiled call's logits equal the eager call's on the same input within the "
+                 "bfloat16 tolerance, argmax agreement >= 0.99 (or every differing row a near tie)")  # fmt: skip
+    if run is None or "graph_vs_eager" not in run:
+        return checks.missing("graph-vs-eager-8b", criterion, "graphs-8b")
+    compared = run["graph_vs_eager"]
+    bad = [c for c in compared if not c["pass"]]
+    unchecked = sorted({(c["block"], c["kind"]) for c in run.get("calls", [])}
+                       - {(c["block"], c["kind"]) for c in compared if c["pass"]})  # fmt: skip
+    where = f" ({report['device']}, compile={report['compile']})"
+    if bad:
+        detail = GRAPH_DIFFERS + ": " + "; ".join(
+            f"B={c['block']} {c['kind']} ({c['rows']} rows): max |diff| {fmt(c['max_abs_logit_diff'])} > "
+            f"{fmt(c['tolerance'])} or argmax agreement {fmt(c['argmax_agreement'])}" for c in bad)  # fmt: skip
+        return checks.add("graph-vs-eager-8b", "FAIL", criterion + where, detail, graph_vs_eager=compared)
+    if unchecked or not compared:
+        return checks.add("graph-vs-eager-8b", "FAIL", criterion + where, "timed without a comparison: "
+                          + (", ".join(f"B={b} {k}" for b, k in unchecked) or "no call compared"))  # fmt: skip
+    worst = max(compared, key=lambda c: c["max_abs_logit_diff"] / c["tolerance"])
+    checks.verdict("graph-vs-eager-8b", True, criterion + where,
+                   f"{len(compared)} calls compared; largest |diff| {fmt(worst['max_abs_logit_diff'])} of tolerance "
+                   f"{fmt(worst['tolerance'])} (B={worst['block']} {worst['kind']}); lowest argmax agreement "
+                   f"{fmt(min(c['argmax_agreement'] for c in compared))}", graph_vs_eager=compared)  # fmt: skip
 
 
 def concurrency(checks: Checks, steps: dict) -> None:
@@ -232,32 +284,44 @@ def concurrency(checks: Checks, steps: dict) -> None:
         if row["Method"] == "Packed-SS":
             ratios = [f"C={r['C']}: {fmt(float(r['Time / Linear-SS']))}" for r in report["table"]
                       if r["Method"] == "Packed-SS" and r["Time / Linear-SS"]]  # fmt: skip
-            checks.add("crossover-8b", "INFO", "Packed/Linear time by C, and the smallest C at which it reaches 1",
-                       f"{', '.join(ratios)}; crossover {row['Crossover C']} (CI above 1: {row['CI above 1']})")  # fmt: skip
+            checks.add("crossover-8b", "INFO", f"Packed/Linear time by C, and the smallest C at which it reaches 1 "
+                       f"({report.get('regime', CONCURRENCY_REGIME)}: the host's dispatch, not the GPU's memory)",
+                       f"{', '.join(ratios)}; crossover {row['Crossover C']} (CI above 1: {row['CI above 1']})",
+                       regime=report.get("regime", CONCURRENCY_REGIME))  # fmt: skip
 
 
 def steps_table(plan: list[dict]) -> list[str]:
     lines = ["| step | budget s | seconds | exit status |", "|---|---:|---:|---:|"]
     for row in plan:
-        note = " (cut short by its budget)" if row["rc"] == 124 else ""
+        note = " (cut short by its budget)" if row["rc"] in CUT_SHORT else ""
         lines.append(f"| {row['step']} | {row['budget_s']} | {row['seconds']} | {row['rc']}{note} |")
     return lines
 
 
+def not_planned(checks: Checks, step: str) -> None:
+    for name in STEP_CHECKS[step]:
+        checks.add(name, "SKIP", f"the checks of step {step}", f"step {step} was not in this run's plan (ONLY/SKIP)")
+
+
 def summarize(results: Path, cuda: bool) -> Checks:
     steps = {step: report for step in STEPS if (report := load(results, step)) is not None}
-    plan = plan_rows(results)
+    plan, run = plan_rows(results), planned(results)
+    cut = {row["step"] for row in plan if row["rc"] in CUT_SHORT}
     checks = Checks()
-    preflight(checks, steps)
-    exactness(checks, steps)
-    audit_bf16(checks, steps)
-    graph_calls(checks, steps, cuda)
-    syncs(checks, steps)
-    concurrency(checks, steps)
+    judges = {"preflight": lambda: preflight(checks, steps, cut), "audit-fp32": lambda: exactness(checks, steps),
+              "audit-bf16": lambda: audit_bf16(checks, steps), "graphs-8b": lambda: graph_calls(checks, steps, cuda),
+              "syncs": lambda: syncs(checks, steps), "concurrency-8b": lambda: concurrency(checks, steps)}  # fmt: skip
+    for step, judge in judges.items():
+        judge() if step in run else not_planned(checks, step)
+    left_out = [step for step in (*STEPS, "summary", "pack") if step not in run]
+    ran = f"steps run: {', '.join(run)}" + (f"; not run (ONLY/SKIP): {', '.join(left_out)}" if left_out else "")
     date = time.strftime("%Y-%m-%d %H:%M:%S")
-    summary = {"date": date, "cuda": cuda, "plan": plan, "checks": checks.items, "failed": checks.failed, "steps": steps}
+    summary = {"date": date, "cuda": cuda, "commit": os.environ.get("PACKEDSS_COMMIT") or None, "steps_planned": run,
+               "steps_not_run": left_out, "partial": bool(left_out), "plan": plan, "checks": checks.items,
+               "failed": checks.failed, "steps": steps}  # fmt: skip
     (results / "gpu_check.json").write_text(json.dumps(summary, indent=1) + "\n")
-    text = [f"# gpu_check {date}", "", *steps_table(plan), "", *checks.lines]
+    text = [f"# gpu_check {date}" + (" (a partial run)" if left_out else ""), "", ran, "", *steps_table(plan), "",
+            *checks.lines]  # fmt: skip
     (results / "summary.md").write_text("\n".join(text) + "\n")
     return checks
 

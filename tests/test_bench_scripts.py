@@ -373,9 +373,39 @@ def test_the_hbm_floor_is_the_weight_bytes_at_the_device_copy_bandwidth():
     fields = floor_fields(entries, times)
     stream, copy = entries[("floor",)][0], entries[("copy",)][0]
     assert fields["copy_gbs"] == pytest.approx(2 * copy.bytes / 0.002 / 1e9)
-    assert fields["hbm_floor_ms"] == pytest.approx(1000 * stream.weight_bytes / (fields["copy_gbs"] * 1e9))
+    assert fields["hbm_weights_ms"] == pytest.approx(1000 * stream.weight_bytes / (fields["copy_gbs"] * 1e9))
     assert fields["floor_ms"] == pytest.approx(1000 * stream.weight_bytes / (stream.bytes / 0.003))
     assert achieved_gbs(4e9, 2.0) == pytest.approx(2000.0)
+
+
+def test_a_calls_hbm_floor_counts_its_weights_its_kv_read_and_the_kv_a_masked_call_repeats():
+    from types import SimpleNamespace
+
+    from packedss.benchmark.calls import SHAPES, traffic_fields
+    from packedss.benchmark.floors import call_traffic
+    from packedss.decoding.calls import Rule
+
+    # the 8B shape's config without its 16 GB of weights: a stand-in adapter with one bfloat16 parameter
+    config = SimpleNamespace(**SHAPES["nemotron8b"])
+    weight = torch.zeros(1, dtype=torch.bfloat16)
+    adapter = SimpleNamespace(backbone=SimpleNamespace(config=config, parameters=lambda: iter([weight])),
+                              device=torch.device("cuda"))  # fmt: skip
+    moved = call_traffic(adapter, 15_900_000_000, 1024 + 64, repeats=True)
+    assert moved["kv_read"] == 34 * 2 * 8 * 128 * 2 * 1088 and round(moved["kv_read"] / 1e9, 2) == 0.15
+    assert moved["kv_repeat"] == 2 * 34 * 2 * 32 * 128 * 2 * 1088 and round(moved["kv_repeat"] / 1e9, 2) == 1.21
+    assert moved["total"] == 15_900_000_000 + moved["kv_read"] + moved["kv_repeat"]
+    assert call_traffic(adapter, 10, 1088, repeats=False)["kv_repeat"] == 0
+    fields = {"weight_bytes": 15_900_000_000, "copy_gbs": 4000.0}
+    masked = SimpleNamespace(rows=64, rule=Rule.CUSTOM)
+    causal = SimpleNamespace(rows=32, rule=Rule.CAUSAL)
+    out = traffic_fields(adapter, fields, masked, 1024, compiled_ms=5.0, eager_ms=40.0)
+    assert out["traffic"] == moved and out["eager_traffic"] == moved  # Packed-SS's call is masked on both paths
+    assert out["hbm_floor_ms"] == pytest.approx(1000 * moved["total"] / 4e12) and out["compiled_hbm"] == pytest.approx(
+        5.0 / out["hbm_floor_ms"])  # fmt: skip
+    verify = traffic_fields(adapter, fields, causal, 1024, compiled_ms=5.0, eager_ms=40.0)
+    assert verify["traffic"]["kv_repeat"] > 0 and verify["eager_traffic"]["kv_repeat"] == 0  # eager: SDPA's own causal
+    adapter.device = torch.device("cpu")  # a CPU's kernels take the grouped heads as they are
+    assert traffic_fields(adapter, fields, masked, 1024, 5.0, 40.0)["traffic"]["kv_repeat"] == 0
 
 
 class _CudaLog:

@@ -38,18 +38,22 @@ SYNC_WARNING = "called a synchronizing CUDA operation (Triggered internally at /
 
 def graphs_report(compiled_ms: dict, replays: int = 3, skips: int = 0, copy_gbs: float = 4000.0,
                   weight_bytes: int = 16 * 10**9) -> dict:  # fmt: skip
-    """A gpu_calls.py report under CUDA graphs: compiled_ms[(block, kind)]; eager calls 10 ms."""
+    """A gpu_calls.py report under CUDA graphs: compiled_ms[(block, kind)]; eager calls 10 ms; the
+    floor's traffic is the weights alone; every call compared with eager and equal."""
     hbm = 1000 * weight_bytes / (copy_gbs * 1e9)
-    calls = []
+    calls, compared = [], []
     for (block, kind), ms in compiled_ms.items():
         rows = {"linear-draft": block, "linear-verify": block, "packed": 2 * block}[kind]
         calls.append({"prefix": 1024, "block": block, "kind": kind, "rows": rows, "eager_ms": 10.0, "compiled_ms": ms,
                       "products_ms": ms / 2, "hbm_floor_ms": hbm, "compiled_hbm": ms / hbm, "copy_gbs": copy_gbs,
                       "compiled_gbs": weight_bytes / ms * 1e-6, "weight_bytes": weight_bytes,
+                      "traffic": {"weights": weight_bytes, "kv_read": 0, "kv_repeat": 0, "total": weight_bytes},
                       "graph_replays_min": replays, "cudagraph_skips": skips})  # fmt: skip
+        compared.append({"prefix": 1024, "block": block, "kind": kind, "rows": rows, "max_abs_logit_diff": 0.1,
+                         "argmax_agreement": 1.0, "tolerance": 0.5, "pass": True})  # fmt: skip
     return {"device": "cuda", "device_name": "a GPU", "dtype": "bfloat16", "compile": "reduce-overhead",
             "runs": {"sdpa": {"params": 8e9, "calls": calls, "ratios_2B_B": ratios_2b_b(calls),
-                              "compile_s": {"C=1024: 64 rows": 41.0}}}}  # fmt: skip
+                              "graph_vs_eager": compared, "compile_s": {"C=1024: 64 rows": 41.0}}}}  # fmt: skip
 
 
 def calls_at(ratio_32: float, hbm_factor: float = 1.2, blocks=(32, 16, 8)) -> dict:
@@ -81,8 +85,10 @@ def test_the_8b_checks_pass_on_memory_bound_graph_calls_and_fail_on_each_fault(t
     assert good["hbm-floor-8b"]["hbm_floor_ms"] == pytest.approx(4.0) and good["hbm-floor-8b"]["copy_gbs"] == 4000.0
     printed = capsys.readouterr().out
     assert "PASS: memory-bound-8b: 8b shape, CUDA graphs: a 2B-row call <= 1.30x a B-row call at B = 32" in printed
-    assert "device-to-device copy 4000.0 GB/s -> HBM floor 4.000 ms" in printed and "C=1024: 64 rows 41" in printed
+    assert "device-to-device copy 4000.0 GB/s" in printed and "C=1024: 64 rows 41" in printed
     assert "| 1024 | 8 | packed | 16 | 5.280 |" in printed  # B = 8: only Packed-SS's call was timed
+    assert "| 16.00 | 0.000 | 0.000 | 4.000 | 1.32 |" in printed  # weights, KV read, KV repeat, floor, call / floor
+    assert good["graph-vs-eager-8b"]["status"] == "PASS" and "7 calls compared" in good["graph-vs-eager-8b"]["detail"]
     assert [r["block"] for r in good["ratio-2B-B-8b"]["ratios"]] == [16, 32]
     assert judge(tmp_path, {"graphs-8b": graphs_report(calls_at(1.5))})["memory-bound-8b"]["status"] == "FAIL"
     assert judge(tmp_path, {"graphs-8b": graphs_report(calls_at(1.1, hbm_factor=2.5))})["hbm-floor-8b"]["status"] == "FAIL"
@@ -94,11 +100,24 @@ def test_the_8b_checks_pass_on_memory_bound_graph_calls_and_fail_on_each_fault(t
     assert summary.main(["--results", str(tmp_path), "--cuda"]) == 1
 
 
+def test_a_graph_that_differs_from_eager_or_was_not_compared_fails_by_name(tmp_path):
+    report = graphs_report(calls_at(1.1))
+    compared = report["runs"]["sdpa"]["graph_vs_eager"]
+    compared[0] |= {"max_abs_logit_diff": 3.2, "argmax_agreement": 0.2, "pass": False}
+    bad = judge(tmp_path, {"graphs-8b": report})["graph-vs-eager-8b"]
+    assert bad["status"] == "FAIL" and bad["detail"].startswith("graph replay differs from eager: B=32 packed (64 rows)")
+    del compared[0]  # a timed call that was never compared
+    unchecked = judge(tmp_path, {"graphs-8b": report})["graph-vs-eager-8b"]
+    assert unchecked["status"] == "FAIL" and "timed without a comparison: B=32 packed" in unchecked["detail"]
+    del report["runs"]["sdpa"]["graph_vs_eager"]
+    assert judge(tmp_path, {"graphs-8b": report})["graph-vs-eager-8b"]["status"] == "FAIL"
+
+
 def test_a_missing_step_fails_its_checks_and_a_cpu_run_skips_the_cuda_ones_with_a_reason(tmp_path):
     missing = judge(tmp_path, {})
     assert {n: c["status"] for n, c in missing.items()} == dict.fromkeys(
-        ("preflight", "fp32-exact", "audit-bf16", "graph-replays-8b", "memory-bound-8b", "hbm-floor-8b", "syncs",
-         "concurrency-runs", "concurrency-audit"), "FAIL")  # fmt: skip
+        ("preflight", "fp32-exact", "audit-bf16", "graph-vs-eager-8b", "graph-replays-8b", "memory-bound-8b",
+         "hbm-floor-8b", "syncs", "concurrency-runs", "concurrency-audit"), "FAIL")  # fmt: skip
     assert "no result from step graphs-8b" in missing["memory-bound-8b"]["detail"]
     cpu = graphs_report(calls_at(3.0), replays=None, skips=None) | {"device": "cpu"}
     skipped = judge(tmp_path, {"graphs-8b": cpu, "syncs": decode_report("cpu"), "audit-bf16": decode_report("cpu")},
@@ -162,6 +181,7 @@ def test_the_concurrency_checks_pass_on_complete_exact_runs_and_fail_on_each_fau
     assert good["concurrency-runs"]["status"] == good["concurrency-audit"]["status"] == "PASS"
     assert good["crossover-8b"]["status"] == "INFO"
     assert "C=1: 0.7, C=16: 1.05; crossover 16" in good["crossover-8b"]["detail"]
+    assert good["crossover-8b"]["regime"] == "eager, host-bound" and "eager, host-bound" in good["crossover-8b"]["criterion"]
     assert judge(tmp_path, {"concurrency-8b": concurrency_report(unexplained=1)})["concurrency-audit"]["status"] == "FAIL"
     assert judge(tmp_path, {"concurrency-8b": concurrency_report(responses=3)})["concurrency-runs"]["status"] == "FAIL"
     partial = {"limit": 16, "schedules": ["ar"], "concurrency": [1, 16], "done": False, "responses": {"ar-C1.jsonl": 9}}
@@ -169,13 +189,55 @@ def test_the_concurrency_checks_pass_on_complete_exact_runs_and_fail_on_each_fau
     assert cut["concurrency-runs"]["status"] == "FAIL" and "ar-C1.jsonl: 9" in cut["concurrency-runs"]["detail"]
 
 
-def test_the_summary_lists_every_step_with_its_budget_and_seconds(tmp_path):
-    (tmp_path / "steps.tsv").write_text("wheels\t30\t0\t12\npreflight\t25\t0\t9\ngraphs-8b\t190\t124\t190\n")
+def test_the_summary_lists_every_step_with_its_budget_and_seconds_and_names_124_and_137_cut_short(tmp_path):
+    (tmp_path / "steps.tsv").write_text("wheels\t15\t0\t12\npreflight\t50\t0\t9\ngraphs-8b\t260\t124\t260\n"
+                                        "syncs\t20\t137\t23\nconcurrency-8b\t50\t1\t7\n")  # fmt: skip
     judge(tmp_path, {})
     plan = json.loads((tmp_path / "gpu_check.json").read_text())["plan"]
-    assert plan[2] == {"step": "graphs-8b", "budget_s": 190, "rc": 124, "seconds": 190}
+    assert plan[2] == {"step": "graphs-8b", "budget_s": 260, "rc": 124, "seconds": 260}
     text = (tmp_path / "summary.md").read_text()
-    assert "| graphs-8b | 190 | 190 | 124 (cut short by its budget) |" in text and "FAIL: memory-bound-8b" in text
+    assert "| graphs-8b | 260 | 260 | 124 (cut short by its budget) |" in text and "FAIL: memory-bound-8b" in text
+    assert "| syncs | 20 | 23 | 137 (cut short by its budget) |" in text  # killed after ignoring the TERM
+    assert "| concurrency-8b | 50 | 7 | 1 |" in text
+
+
+def test_a_partial_run_says_which_steps_ran_and_skips_the_checks_of_the_others(tmp_path):
+    (tmp_path / "plan.tsv").write_text("wheels\t15\ngraphs-8b\t260\nsummary\t10\npack\t10\n")
+    checks = judge(tmp_path, {"graphs-8b": graphs_report(calls_at(1.1))})
+    assert checks["memory-bound-8b"]["status"] == "PASS" and checks["graph-vs-eager-8b"]["status"] == "PASS"
+    for name in ("preflight", "fp32-exact", "audit-bf16", "syncs", "concurrency-runs", "concurrency-audit"):
+        assert checks[name]["status"] == "SKIP" and "was not in this run's plan (ONLY/SKIP)" in checks[name]["detail"]
+    report = json.loads((tmp_path / "gpu_check.json").read_text())
+    assert report["partial"] and report["steps_planned"] == ["wheels", "graphs-8b", "summary", "pack"]
+    assert report["steps_not_run"] == ["preflight", "audit-fp32", "audit-bf16", "syncs", "concurrency-8b"]
+    text = (tmp_path / "summary.md").read_text()
+    assert "(a partial run)" in text.splitlines()[0]
+    assert "steps run: wheels, graphs-8b, summary, pack; not run (ONLY/SKIP): preflight, audit-fp32" in text
+    (tmp_path / "plan.tsv").unlink()  # no plan: every step was planned
+    assert judge(tmp_path, {})["syncs"]["status"] == "FAIL"
+    assert json.loads((tmp_path / "gpu_check.json").read_text())["partial"] is False
+
+
+def test_a_preflight_cut_short_is_reported_as_not_fatal(tmp_path):
+    (tmp_path / "steps.tsv").write_text("preflight\t50\t124\t50\n")
+    partial = {"versions": {"python": "3.12.3"}, "line": "versions: python 3.12.3, ...", "refused": None, "backbones": {}}
+    checks = judge(tmp_path, {"preflight": partial})
+    assert checks["preflight"]["status"] == "FAIL" and "cut short by its budget: not fatal, the steps ran" in checks[
+        "preflight"]["detail"]  # fmt: skip
+    assert checks["versions"]["status"] == "INFO"
+
+
+def test_the_code_version_falls_back_to_the_commit_passed_in_without_git(monkeypatch):
+    from packedss import runner
+
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(runner.subprocess, "run", no_git)
+    monkeypatch.setenv("PACKEDSS_COMMIT", "c065743abcde")
+    assert runner.code_version().endswith("+c065743abcde")
+    monkeypatch.delenv("PACKEDSS_COMMIT")
+    assert runner.code_version().endswith("+unknown")
 
 
 def test_the_sync_counter_counts_torchs_sync_warnings_and_not_its_notice(monkeypatch):
@@ -226,6 +288,11 @@ def test_the_calls_step_times_the_rows_asked_for_and_writes_its_json_after_each_
     for c in run["calls"]:
         assert c["compiled_hbm"] == pytest.approx(c["compiled_ms"] / c["hbm_floor_ms"])
         assert c["graph_replays_min"] is None and c["cudagraph_skips"] is None  # no CUDA graphs on a CPU
+    compared = {(c["block"], c["kind"]): c for c in run["graph_vs_eager"]}
+    assert set(compared) == {(c["block"], c["kind"]) for c in run["calls"]}  # every timed call, compared first
+    for c in compared.values():
+        assert c["pass"] and c["max_abs_logit_diff"] <= c["tolerance"] and c["argmax_agreement"] >= 0.99
+        assert c["rows"] == {"packed": 2 * c["block"], "quadratic": c["block"] * (c["block"] + 1)}.get(c["kind"], c["block"])
     assert "| C | B | eager 2B / B | compiled 2B / B |" in printed
 
     def stopped_after_the_first_block(*args, on_result, **kwargs):
@@ -246,6 +313,45 @@ def test_the_calls_step_times_the_rows_asked_for_and_writes_its_json_after_each_
             gpu_calls["main"](["--device", "cpu", "--json", str(out), "--shape", "test", *bad])
         err = capsys.readouterr().err.strip()
         assert stopped.value.code == 2 and err.startswith(message) and len(err.splitlines()) == 1
+
+
+StaticInputs = __import__("packedss.models.static", fromlist=["_Inputs"])._Inputs
+StaticCalls = __import__("packedss.models.static", fromlist=["StaticCalls"]).StaticCalls
+FILL, RUN_COMPILED = StaticInputs.fill, StaticCalls._run_compiled
+
+
+def stale_input(self, committed, tokens, positions, bias):
+    """_Inputs.fill whose token buffer keeps the last call's tokens: the graph reads stale ones."""
+    old = self.tokens.clone()
+    filled = FILL(self, committed, tokens, positions, bias)
+    self.tokens.copy_(old)
+    return filled
+
+
+def reversed_output(self, key, inputs):
+    """A compiled call whose logits come back in the wrong order (an output a later call overwrote)."""
+    return RUN_COMPILED(self, key, inputs).flip(-1)
+
+
+@pytest.mark.parametrize("fault", [("_Inputs", "fill", stale_input), ("StaticCalls", "_run_compiled", reversed_output)],
+                         ids=["stale-input-buffer", "corrupted-output"])  # fmt: skip
+def test_a_graph_that_replays_stale_inputs_or_corrupts_its_output_fails_the_calls_step(tmp_path, capsys, monkeypatch, fault):
+    import packedss.models.static as static
+
+    monkeypatch.setattr(getattr(static, fault[0]), fault[1], fault[2])
+    out = tmp_path / "graphs.json"
+    argv = ["--shape", "test", "--device", "cpu", "--blocks", "2", "--rows", "4", "--prefix", "3", "--warmup", "0",
+            "--iters", "1", "--compile", "default", "--stream-mib", "1", "--json", str(out)]  # fmt: skip
+    assert gpu_calls["main"](argv) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: graph replay differs from eager: B=2 packed (4 rows): max |diff| ")
+    run = json.loads(out.read_text())["runs"]["packedss"]
+    assert run["calls"] == []  # the call whose graph differs is not timed
+    [compared] = run["graph_vs_eager"]
+    assert not compared["pass"] and compared["rows"] == 4 and compared["max_abs_logit_diff"] > compared["tolerance"]
+    checks = judge(tmp_path, {"graphs-8b": json.loads(out.read_text())}, cuda=False)
+    assert checks["graph-vs-eager-8b"]["status"] == "FAIL"
+    assert checks["graph-vs-eager-8b"]["detail"].startswith("graph replay differs from eager: B=2 packed (4 rows)")
 
 
 def test_the_concurrency_step_keeps_the_responses_of_a_sweep_cut_short(tmp_path, monkeypatch):
@@ -270,21 +376,80 @@ def plan_of(env: dict) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60)  # fmt: skip
 
 
-def check_plan(stdout: str) -> int:
+def check_plan(stdout: str, steps=PLAN_STEPS) -> int:
     """The plan's lines: every step with its budget, then the plan line; returns the budgets' sum."""
     budgets = dict(re.findall(r"^  (\S+) +(\d+) s  ", stdout, re.M))
-    assert list(budgets) == PLAN_STEPS, stdout
+    assert list(budgets) == steps, stdout
     total = sum(map(int, budgets.values()))
-    assert f"\nplan: {len(PLAN_STEPS)} steps, budgets sum to {total} s\n" in stdout and total <= WINDOW_S
+    assert f"\nplan: {len(steps)} steps, budgets sum to {total} s\n" in stdout and total <= WINDOW_S
     return total
 
 
 def test_the_plan_fits_the_window_and_is_the_same_for_a_dry_run():
     gpu, dry = plan_of({}), plan_of({"DRY": "1"})
     assert gpu.returncode == dry.returncode == 0, gpu.stderr + dry.stderr
-    assert check_plan(gpu.stdout) == check_plan(dry.stdout)
+    assert check_plan(gpu.stdout) == check_plan(dry.stdout) == 465
+    budgets = dict(re.findall(r"^  (\S+) +(\d+) s  ", gpu.stdout, re.M))
+    assert budgets["graphs-8b"] == "260" and 45 <= int(budgets["preflight"]) <= 60  # docs/performance.md §8
     assert "--shape nemotron8b --compile reduce-overhead --blocks 32,16,8" in gpu.stdout  # 3 blocks: 3 compiles
-    assert "--concurrency 1,16" in gpu.stdout and "--shape test" in dry.stdout
+    assert "--limit 5 --max-new-tokens 64" in gpu.stdout  # the audits at 5 questions
+    assert "--concurrency 1,8" in gpu.stdout and "--shape test" in dry.stdout
+    assert "not run" not in gpu.stdout
+
+
+def test_only_and_skip_plan_just_the_steps_named_with_wheels_summary_and_pack():
+    only = plan_of({"DRY": "1", "ONLY": "graphs-8b"})
+    assert only.returncode == 0, only.stderr
+    assert check_plan(only.stdout, ["wheels", "graphs-8b", "summary", "pack"]) == 295
+    assert "not run (ONLY/SKIP): preflight audit-fp32 audit-bf16 syncs concurrency-8b" in only.stdout
+    skip = plan_of({"SKIP": "graphs-8b,concurrency-8b"})
+    assert check_plan(skip.stdout, [s for s in PLAN_STEPS if s not in ("graphs-8b", "concurrency-8b")]) == 155
+
+
+# A Python for gpu_check.sh whose steps stand in for the real ones (they print the command and end),
+# but whose preflight hangs (and, with ignore-term, ignores timeout's TERM: killed, 137) or refuses.
+FAKE_PYTHON = """#!/usr/bin/env bash
+case "$*" in
+  *packedss.preflight*)
+    case $PREFLIGHT in
+      refuse) echo "error: transformers 5.17.0: Ministral3Model.forward takes no 'cache' keyword; carry the wheels" >&2; exit 2 ;;
+      ignore-term) trap '' TERM; sleep 30 & wait; sleep 30 ;;
+      *) exec sleep 30 ;;
+    esac ;;
+  *) echo "ran: $*" ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("preflight,rc", [("hang", 124), ("ignore-term", 137), ("refuse", 2)])
+def test_only_runs_the_named_steps_and_a_preflight_cut_short_is_not_fatal_but_a_refusal_is(tmp_path, preflight, rc):
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    results = tmp_path / "results"
+    env = {**os.environ, "PY": str(fake), "DRY": "1", "DRY_SLACK": "0.04", "ONLY": "preflight,syncs",
+           "PREFLIGHT": preflight, "RESULTS": str(results), "OUT": str(tmp_path / "out")}  # preflight: 2 s  # fmt: skip
+    done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=120)
+    assert "plan: 5 steps, budgets sum to 105 s\nnot run (ONLY/SKIP): audit-fp32 audit-bf16 graphs-8b concurrency-8b\n" in done.stdout
+    ran = [line.split("\t") for line in (results / "steps.tsv").read_text().splitlines()]
+    assert [row[0] for row in ran][:2] == ["wheels", "preflight"] and ran[1][2] == str(rc), ran
+    assert (results / "plan.tsv").read_text().split()[::2] == ["wheels", "preflight", "syncs", "summary", "pack"]
+    if rc == 2:  # a refused version stops the run: its one line, status 2
+        assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+            "error: transformers 5.17.0: Ministral3Model.forward takes no 'cache' keyword; carry the wheels"]  # fmt: skip
+        assert "syncs" not in [row[0] for row in ran]
+        return
+    assert f"=== preflight: rc={rc} in " in done.stdout and "(cut short by its budget)" in done.stdout
+    assert "preflight cut short by its budget: not fatal; the steps run" in done.stdout
+    assert [row[0] for row in ran][2] == "syncs" and ran[2][2] == "0"  # the run went on, to the named step only
+    assert "ran: scripts/check_decode.py --device cpu --dtype bfloat16 --checks syncs" in done.stdout
+    assert "audit-fp32" not in [row[0] for row in ran] and "ran: scripts/gpu_calls.py" not in done.stdout
+    assert done.returncode == 1 and "rerun what failed: ONLY=preflight OUT=<a new folder> bash scripts/gpu_check.sh" in done.stdout
+    summary.main(["--results", str(results)])  # the verdicts of what the run left (its own summary step had 0.4 s)
+    text = (results / "summary.md").read_text()
+    assert re.search(rf"^\| preflight \| 50 \| \d+ \| {rc} \(cut short by its budget\) \|$", text, re.M), text
+    assert "FAIL: preflight:" in text and "cut short by its budget: not fatal, the steps ran" in text
+    assert "SKIP: fp32-exact: the checks of step audit-fp32 -- step audit-fp32 was not in this run's plan" in text
 
 
 def test_bad_input_is_one_error_line_and_status_2(tmp_path):
@@ -295,6 +460,12 @@ def test_bad_input_is_one_error_line_and_status_2(tmp_path):
                          ({"DRY": "yes"}, "error: DRY=yes; use DRY=1"),
                          ({"PLAN": "2"}, "error: PLAN=2; use PLAN=1"),
                          ({"COMPILE": "none"}, "error: COMPILE=none; use reduce-overhead"),
+                         ({"ONLY": "graphs"}, "error: no step 'graphs' (ONLY=graphs, SKIP=); the steps: wheels preflight"),
+                         ({"SKIP": "syncs,bogus"}, "error: no step 'bogus'"),
+                         ({"ONLY": "syncs", "SKIP": "pack"}, "error: ONLY=syncs and SKIP=pack both set; give one"),
+                         ({"SKIP": "summary"}, "error: SKIP=summary: summary always runs"),
+                         ({"DRY": "1", "DRY_SLACK": "0"}, "error: DRY_SLACK=0; give a positive number"),
+                         ({"DRY": "1", "DRY_SLACK": "lots"}, "error: DRY_SLACK=lots; give a positive number"),
                          ({"PY": str(tmp_path / "no-python")}, "error: no Python found"),
                          ({"WHEELS": str(tmp_path / "nowhere")}, "is not a folder; give the folder scripts/gpu_wheels.sh"),
                          ({"WHEELS": str(tmp_path / "empty")}, "holds no .whl files"),
@@ -329,12 +500,16 @@ def test_the_wheels_script_refuses_bad_arguments_in_one_line(tmp_path):
         assert len(done.stderr.splitlines()) == 1
 
 
+DRY_SLACK = "20"  # each step of the suite's dry run may take 20x its H200 budget: the machine's load never decides
+
+
 def dry_run(tmp_path, python: str, env: dict) -> dict:
     """DRY=1 gpu_check.sh end to end with `python`: the plan line, every step run, every check as
-    the CPU allows, at most 8 packed files. Returns the summary."""
+    the CPU allows, each step's JSON, at most 8 packed files. Returns the summary."""
     started = time.monotonic()
     results, out = tmp_path / "results", tmp_path / "out"
-    env = {**env, "DRY": "1", "PY": python, "RESULTS": str(results), "OUT": str(out), "MPLCONFIGDIR": str(tmp_path / "mpl")}
+    env = {**env, "DRY": "1", "DRY_SLACK": DRY_SLACK, "PY": python, "RESULTS": str(results), "OUT": str(out),
+           "MPLCONFIGDIR": str(tmp_path / "mpl")}  # fmt: skip
     done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert check_plan(done.stdout) <= WINDOW_S
@@ -346,7 +521,8 @@ def dry_run(tmp_path, python: str, env: dict) -> dict:
     assert all((out / name).stat().st_size < 16 * 2**20 for name in packed)
     report = json.loads((out / "gpu_check.json").read_text())
     checks = {c["name"]: c for c in report["checks"]}
-    passed = ("preflight", "fp32-exact", "audit-bf16-cpu", "syncs-readbacks-cpu", "concurrency-runs", "concurrency-audit")
+    passed = ("preflight", "fp32-exact", "audit-bf16-cpu", "graph-vs-eager-8b", "syncs-readbacks-cpu", "concurrency-runs",
+              "concurrency-audit")
     skipped = ("audit-bf16", "graph-replays-8b", "memory-bound-8b", "hbm-floor-8b", "syncs")
     for name in passed:
         assert checks[name]["status"] == "PASS", checks[name]
@@ -356,8 +532,35 @@ def dry_run(tmp_path, python: str, env: dict) -> dict:
     graphs = report["steps"]["graphs-8b"]["runs"]["packedss"]
     assert sorted(graphs["compile_s"]) == ["C=8: 2 rows", "C=8: 4 rows"]  # DRY: B = 2, 1, one compilation each
     assert [r["block"] for r in graphs["ratios_2B_B"]] == [2]
+    check_step_reports(report)
+    assert report["commit"] and not report["partial"] and report["steps_planned"] == PLAN_STEPS
     print(f"DRY=1 gpu_check: {time.monotonic() - started:.0f} s")
     return report
+
+
+def check_step_reports(report: dict) -> None:
+    """What each step of the dry run measured, as its JSON holds it."""
+    steps = report["steps"]
+    graphs = steps["graphs-8b"]["runs"]["packedss"]
+    timed = {(c["block"], c["kind"]) for c in graphs["calls"]}
+    assert timed == {(2, "linear-draft"), (2, "linear-verify"), (2, "packed"), (1, "packed"), (1, "quadratic")}
+    compared = {(c["block"], c["kind"]): c for c in graphs["graph_vs_eager"]}
+    assert set(compared) == timed and all(c["pass"] and c["argmax_agreement"] >= 0.99 for c in compared.values())
+    assert all(c["traffic"]["total"] == c["weight_bytes"] + c["traffic"]["kv_read"] for c in graphs["calls"])  # CPU: no repeat
+    assert checks_by_name(report)["graph-vs-eager-8b"]["status"] == "PASS"
+    for step in ("audit-fp32", "audit-bf16"):
+        assert steps[step]["done"] and [(a["schedule"], a["width"]) for a in steps[step]["audit"]] == [
+            ("linear", 8), ("quadratic", 8), ("packed", 8)]  # fmt: skip
+    assert all(a["equal"] == 2 for a in steps["audit-fp32"]["audit"])
+    assert steps["syncs"]["done"] and len(steps["syncs"]["syncs"]) == 8 and all(r["pass"] for r in steps["syncs"]["syncs"])
+    concurrency = steps["concurrency-8b"]
+    assert concurrency["done"] and concurrency["regime"] == "eager, host-bound" and concurrency["audit"]["Unexplained"] == 0
+    assert sorted(concurrency["responses"].values()) == [2] * 6  # 3 schedules x C = 1, 2, 2 questions each
+    assert steps["preflight"]["refused"] is None and steps["preflight"]["versions"]["transformers"].startswith("5.24")
+
+
+def checks_by_name(report: dict) -> dict:
+    return {c["name"]: c for c in report["checks"]}
 
 
 @pytest.mark.slow

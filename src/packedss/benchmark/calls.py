@@ -26,22 +26,35 @@ from collections.abc import Callable, Collection
 
 import torch
 
-from packedss.benchmark.floors import Products, Timer, achieved_gbs, floor_entries, floor_fields, round_robin
+from packedss.benchmark.floors import (
+    Products,
+    Timer,
+    call_traffic,
+    floor_entries,
+    floor_fields,
+    hbm_fields,
+    round_robin,
+)
 from packedss.decoding.calls import causal_segment, draft_block, pack
 from packedss.decoding.schedules import packed_call, quadratic_call
+from packedss.benchmark.graph_check import graph_difference, graph_vs_eager, logit_tolerance
+from packedss.errors import PackedSSError
 from packedss.models.adapter import BackboneAdapter
+from packedss.models.attention import eager_kernel, repeats_kv
 from packedss.models.cost_twin import SHAPES, random_adapter, shape_config  # noqa: F401 (the benchmarks' shapes)
 from packedss.models.static import end_warmup, static_twin
 
 PAPER_TABLE5_MS = {"linear": 54.41, "packed": 28.58, "quadratic": 28.90}  # Nemotron 8B GSM8K
 KINDS = ("linear-draft", "linear-verify", "packed", "quadratic")
 COMPILE_KINDS = ("ar", *KINDS)
+CHECK_SEED = 7919  # the graph-vs-eager check's inputs: tokens other than the warm-up's
 
 
-def iteration_calls(adapter: BackboneAdapter, block: int, position: int, kinds=KINDS) -> dict:
-    """The calls of one iteration of each schedule at block size B, for a cache of `position` rows."""
+def iteration_calls(adapter: BackboneAdapter, block: int, position: int, kinds=KINDS, seed: int | None = None) -> dict:
+    """The calls of one iteration of each schedule at block size B, for a cache of `position` rows
+    (their tokens drawn with `seed`, default B)."""
     device, width, mask = adapter.device, block - 1, adapter.mask_token_id
-    gen = torch.Generator().manual_seed(block)
+    gen = torch.Generator().manual_seed(block if seed is None else seed)
     vocab = min(adapter.head.out_features, 1000)
     last = torch.randint(4, vocab, (1,), generator=gen).to(device)
     drafts = torch.randint(4, vocab, (width,), generator=gen).to(device)
@@ -90,7 +103,7 @@ def bench(adapter: BackboneAdapter, blocks: list[int], prefixes: list[int], warm
                     "prefix": prefix, "block": block, "kind": kind, "rows": call.rows,
                     "median_ms": median, "min_ms": 1000 * min(times[kind]), "iters": iters,
                     **fields, "floor_ratio": median / fields["floor_ms"],
-                    "hbm_ratio": median / fields["hbm_floor_ms"], "achieved_gbs": achieved_gbs(fields["weight_bytes"], median),
+                    **hbm_fields("eager_", traffics(adapter, fields, call, prefix)[1], fields["copy_gbs"], median),
                 })  # fmt: skip
                 _progress(f"  C={prefix:5d} B={block:3d} {kind:14s} rows={call.rows:5d} "
                           f"median {median:8.3f} ms floor {fields['floor_ms']:8.3f} ms")  # fmt: skip
@@ -113,21 +126,26 @@ def compiled_kinds(block: int, rows: Collection[int] | None) -> tuple[str, ...]:
 def bench_compiled(adapter: BackboneAdapter, mode: str, blocks: list[int], prefixes: list[int], warmup: int,
                    iters: int, stream_bytes: int, rows: Collection[int] | None = None,
                    on_result: Callable[[list[dict], dict[str, float]], None] | None = None,
-                   ) -> tuple[list[dict], dict[str, float]]:  # fmt: skip
+                   comparisons: list[dict] | None = None) -> tuple[list[dict], dict[str, float]]:  # fmt: skip
     """Eager calls of `adapter` against the same calls on the static path compiled with `mode`,
     against the matrix products of their row count alone (Products), against the
     weight-streaming floor (Stream; and the raw read bandwidth, RawRead) and against the HBM floor
-    (the weight bytes at the device-to-device copy bandwidth, DeviceCopy), timed round-robin in
-    this process. Each (C, R) gets a static twin of C + R rows, so that the compiled call attends
-    the same C + R columns as the eager one; its shape is compiled (two untimed calls, then
-    compilation is closed) when the first block that needs it comes, so the blocks are measured
-    in the order given and a block's results never wait for a later block's compilation. Only
-    the calls whose row count is among `rows` are timed (None: every call of COMPILE_KINDS): each
-    row count is one compilation. Under CUDA graphs every compiled call's graph replays and
-    cudagraph skips are counted (`graph_replays_min`, `cudagraph_skips`; None where no graph can
-    replay). `on_result(results, compile_s)` is called with everything measured so far after
-    each (C, B). Returns the per-call results and the compile seconds per shape."""
+    (the bytes the call moves, `call_traffic`, at the device-to-device copy bandwidth,
+    DeviceCopy), timed round-robin in this process. Each (C, R) gets a static twin of C + R rows,
+    so that the compiled call attends the same C + R columns as the eager one; its shape is
+    compiled (two untimed calls, then compilation is closed) when the first block that needs it
+    comes, so the blocks are measured in the order given and a block's results never wait for a
+    later block's compilation. Only the calls whose row count is among `rows` are timed (None:
+    every call of COMPILE_KINDS): each row count is one compilation. Before a block is timed,
+    each of its compiled calls is compared with the eager call of the same new input
+    (`graph_vs_eager`); a call whose graph differs is not timed, and its comparison goes to
+    `comparisons` with the others (None: a difference raises PackedSSError). Under CUDA graphs
+    every compiled call's graph replays and cudagraph skips are counted (`graph_replays_min`,
+    `cudagraph_skips`; None where no graph can replay). `on_result(results, compile_s)` is called
+    with everything measured so far after each (C, B). Returns the per-call results and the
+    compile seconds per shape."""
     results, compile_s, eager = [], {}, Timer(adapter)
+    compared = [] if comparisons is None else comparisons
     floor = floor_entries(adapter, stream_bytes)
     for prefix in prefixes:
         timers = {}
@@ -137,37 +155,73 @@ def bench_compiled(adapter: BackboneAdapter, mode: str, blocks: list[int], prefi
             for call in by_kind.values():
                 if call.rows not in timers:
                     timers[call.rows] = Timer(compiled_twin(adapter, mode, prefix, call, compile_s))
-            entries = {}
-            for kind, call in by_kind.items():
-                entries[("eager", kind)] = (eager, call)
-                entries[("compiled", kind)] = (timers[call.rows], call)
-            for count in sorted({call.rows for call in by_kind.values()}):
-                entries[("products", count)] = (Products(adapter, count), None)
-            times = round_robin(entries | floor, warmup, iters)
-            fields = floor_fields(floor, times)
-            for kind, call in by_kind.items():
-                eager_ms = 1000 * statistics.median(times[("eager", kind)])
-                compiled_ms = 1000 * statistics.median(times[("compiled", kind)])
-                products_ms = 1000 * statistics.median(times[("products", call.rows)])
-                timer = timers[call.rows]
-                results.append({"prefix": prefix, "block": block, "kind": kind, "rows": call.rows,
-                                "eager_ms": eager_ms, "compiled_ms": compiled_ms, "ratio": compiled_ms / eager_ms,
-                                "products_ms": products_ms, "products_ratio": products_ms / eager_ms,
-                                "iters": iters, **fields, "compiled_floor": compiled_ms / fields["floor_ms"],
-                                "eager_floor": eager_ms / fields["floor_ms"],
-                                "compiled_hbm": compiled_ms / fields["hbm_floor_ms"],
-                                "eager_hbm": eager_ms / fields["hbm_floor_ms"],
-                                "compiled_gbs": achieved_gbs(fields["weight_bytes"], compiled_ms),
-                                "eager_gbs": achieved_gbs(fields["weight_bytes"], eager_ms),
-                                "graph_replays_min": min(timer.replays) if timer.replays else None,
-                                "cudagraph_skips": max(timer.skips) if timer.skips else None})  # fmt: skip
-                _progress(f"  C={prefix:5d} B={block:3d} {kind:14s} rows={call.rows:5d} eager {eager_ms:8.3f} ms "
-                          f"compiled {compiled_ms:8.3f} ms products {products_ms:8.3f} ms "
-                          f"floor {fields['floor_ms']:8.3f} ms")  # fmt: skip
+            checked = check_block(adapter, timers, block, prefix, tuple(by_kind))
+            compared.extend(checked)
+            if comparisons is None and not all(c["pass"] for c in checked):
+                raise PackedSSError(graph_difference(checked))
+            by_kind = {c["kind"]: by_kind[c["kind"]] for c in checked if c["pass"]}
+            if by_kind:
+                results += time_block(adapter, eager, timers, by_kind, floor, (prefix, block), warmup, iters)
             if on_result is not None:
                 on_result(results, compile_s)
         adapter.reset()
     return results, compile_s
+
+
+def time_block(adapter: BackboneAdapter, eager: Timer, timers: dict, by_kind: dict, floor: dict, where: tuple[int, int],
+               warmup: int, iters: int) -> list[dict]:  # fmt: skip
+    """One (C, B)'s calls eager, compiled and as their products alone, round-robin with the floors."""
+    entries = {}
+    for kind, call in by_kind.items():
+        entries[("eager", kind)] = (eager, call)
+        entries[("compiled", kind)] = (timers[call.rows], call)
+    for count in sorted({call.rows for call in by_kind.values()}):
+        entries[("products", count)] = (Products(adapter, count), None)
+    times = round_robin(entries | floor, warmup, iters)
+    fields = floor_fields(floor, times)
+    median = lambda key: 1000 * statistics.median(times[key])  # noqa: E731
+    out = []
+    for kind, call in by_kind.items():
+        eager_ms, compiled_ms, products_ms = median(("eager", kind)), median(("compiled", kind)), median(("products", call.rows))
+        out.append({"prefix": where[0], "block": where[1], "kind": kind, "rows": call.rows, "eager_ms": eager_ms,
+                    "compiled_ms": compiled_ms, "ratio": compiled_ms / eager_ms, "products_ms": products_ms,
+                    "products_ratio": products_ms / eager_ms, "iters": iters, **fields,
+                    "compiled_floor": compiled_ms / fields["floor_ms"], "eager_floor": eager_ms / fields["floor_ms"],
+                    **traffic_fields(adapter, fields, call, where[0], compiled_ms, eager_ms),
+                    "graph_replays_min": min(timers[call.rows].replays) if timers[call.rows].replays else None,
+                    "cudagraph_skips": max(timers[call.rows].skips) if timers[call.rows].skips else None})  # fmt: skip
+        _progress(f"  C={where[0]:5d} B={where[1]:3d} {kind:14s} rows={call.rows:5d} eager {eager_ms:8.3f} ms "
+                  f"compiled {compiled_ms:8.3f} ms products {products_ms:8.3f} ms floor {fields['floor_ms']:8.3f} ms")  # fmt: skip
+    return out
+
+
+def traffics(adapter: BackboneAdapter, fields: dict, call, prefix: int) -> tuple[dict, dict]:
+    """The bytes a call moves (call_traffic) compiled and eager: the static path masks every call,
+    so its compiled call repeats K and V where the device does; the eager call repeats them only
+    where its kernel is the mask's."""
+    device, columns = adapter.device.type, prefix + call.rows
+    masked_eager = eager_kernel(call.rule, call.rows, prefix, device) == "sdpa-mask"
+    return (call_traffic(adapter, fields["weight_bytes"], columns, repeats_kv(device)),
+            call_traffic(adapter, fields["weight_bytes"], columns, masked_eager and repeats_kv(device)))  # fmt: skip
+
+
+def traffic_fields(adapter: BackboneAdapter, fields: dict, call, prefix: int, compiled_ms: float, eager_ms: float) -> dict:
+    """A timed call's traffic and HBM floors, compiled (`hbm_floor_ms`, `compiled_hbm`) and eager."""
+    compiled, eager = traffics(adapter, fields, call, prefix)
+    return {"traffic": compiled, "eager_traffic": eager, **hbm_fields("compiled_", compiled, fields["copy_gbs"], compiled_ms),
+            **hbm_fields("eager_", eager, fields["copy_gbs"], eager_ms),
+            "hbm_floor_ms": 1000 * compiled["total"] / (fields["copy_gbs"] * 1e9)}  # fmt: skip
+
+
+def check_block(adapter: BackboneAdapter, timers: dict, block: int, prefix: int, kinds: tuple[str, ...]) -> list[dict]:
+    """Each compiled call of a block against the eager call of the same input, on a new input (not
+    the one its graph was compiled and warmed with: a graph that replays stale inputs differs)."""
+    fresh = iteration_calls(adapter, block, prefix, kinds, seed=CHECK_SEED + block)
+    layers = adapter.backbone.config.num_hidden_layers
+    dtype = next(adapter.backbone.parameters()).dtype
+    return [{"prefix": prefix, "block": block, "kind": kind,
+             **graph_vs_eager(adapter, timers[call.rows].adapter, call, logit_tolerance(layers, dtype))}
+            for kind, call in fresh.items()]  # fmt: skip
 
 
 def compiled_twin(adapter: BackboneAdapter, mode: str, prefix: int, call, compile_s: dict[str, float]):
@@ -245,7 +299,9 @@ def median_ratio(results: list[dict], key: str = "ratio", kinds=None) -> float:
 
 def render_floor(results: list[dict]) -> list[str]:
     """The bandwidth lines: the floor's (one-row products over the model's shapes), the raw read
-    and the device copy (the HBM floor's)."""
+    and the device copy (the HBM floor's); none when no call was timed."""
+    if not results:
+        return []
     first = results[0]
     stream = statistics.median(r["stream_gbs"] for r in results)
     raw = statistics.median(r["raw_gbs"] for r in results)
@@ -255,8 +311,9 @@ def render_floor(results: list[dict]) -> list[str]:
             f"dtype ({first['stream_bytes'] / 2**30:.2f} GiB in total, larger than the cache): median "
             f"{stream:.2f} GB/s; raw read (float32 sum over the same bytes): median {raw:.2f} GB/s "
             f"(floor bandwidth / raw: {stream / raw:.2f})",
-            f"device-to-device copy (read + write bytes): median {copy:.2f} GB/s; HBM floor = the weight bytes at "
-            f"that bandwidth: {1000 * first['weight_bytes'] / (copy * 1e9):.3f} ms"]  # fmt: skip
+            f"device-to-device copy (read + write bytes): median {copy:.2f} GB/s; HBM floor of a call = what it moves "
+            f"(the weights, {1000 * first['weight_bytes'] / (copy * 1e9):.3f} ms of it at that bandwidth, + its K/V "
+            f"read + the K/V a masked call repeats to the query heads) at that bandwidth"]  # fmt: skip
 
 
 def ratios_2b_b(results: list[dict]) -> list[dict]:
