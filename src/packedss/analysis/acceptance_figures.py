@@ -82,16 +82,29 @@ def _style(profile: dict) -> dict:
     return {"color": schedule_colour(identity["schedule"]), "linestyle": ORDER_STYLES.get(identity["order"], "-")}
 
 
-def _grid(count: int, rows_per_panel: int, height: float):
+LEGEND_LINE_IN = 0.16  # inches per legend entry at fontsize 7
+
+
+def _grid(count: int, rows_per_panel: int, height: float, legend_lines: list[int] | None = None):
+    """`count` panels, PANELS_PER_ROW to a row, each of `rows_per_panel` axes over `height` inches.
+    With `legend_lines` (the legend entries of each panel), each panel gets one more row below its
+    axes, with no axes drawn, for its legend, as tall as the longest legend of its row of panels:
+    a legend there covers no curve, however many runs a panel has."""
     columns = min(count, PANELS_PER_ROW)
     panel_rows = math.ceil(count / columns)
-    fig, axes = plt.subplots(
-        panel_rows * rows_per_panel, columns, figsize=(4.2 * columns + 1.0, height * panel_rows), squeeze=False
-    )
-    for extra in range(count, panel_rows * columns):
-        for r in range(rows_per_panel):
-            axes[(extra // columns) * rows_per_panel + r][extra % columns].axis("off")
-    return fig, [[axes[(k // columns) * rows_per_panel + r][k % columns] for r in range(rows_per_panel)] for k in range(count)]
+    per_panel = rows_per_panel + (legend_lines is not None)
+    heights = []
+    for row in range(panel_rows):
+        heights += [height / rows_per_panel] * rows_per_panel
+        if legend_lines is not None:
+            heights.append(LEGEND_LINE_IN * max(legend_lines[row * columns : (row + 1) * columns]) + 0.2)
+    fig, axes = plt.subplots(len(heights), columns, figsize=(4.2 * columns + 1.0, sum(heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})  # fmt: skip
+    for k in range(panel_rows * columns):
+        for r in range(per_panel):
+            if k >= count or r >= rows_per_panel:  # no panel there, or a legend's row
+                axes[(k // columns) * per_panel + r][k % columns].axis("off")
+    return fig, [[axes[(k // columns) * per_panel + r][k % columns] for r in range(per_panel)] for k in range(count)]
 
 
 def _empty(message: str, title: str) -> plt.Figure:
@@ -160,8 +173,8 @@ def figure_a2(profiles: list[dict]) -> tuple[plt.Figure, pd.DataFrame, list[str]
         message = "No runs with per-iteration draft counts in these records."
         return _empty(message, A2_TITLE), pd.DataFrame(rows), [message]
     layout = panels(profiles)
-    fig, axes = _grid(len(layout), 1, 3.6)
-    for (title, runs), (ax,) in zip(layout, axes, strict=True):
+    fig, axes = _grid(len(layout), 1, 3.6, legend_lines=[len(runs) for _, runs in layout])
+    for (title, runs), (ax, legend_row) in zip(layout, axes, strict=True):
         longest, smallest = 1, 1.0
         for label, profile in runs:
             counts = np.array(profile["emitted_histogram"], dtype=float)
@@ -187,7 +200,7 @@ def figure_a2(profiles: list[dict]) -> tuple[plt.Figure, pd.DataFrame, list[str]
         ax.set_ylim(min(smallest / 2, 0.05), 1.3)
         ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value:g}"))  # shares: 1, 0.1, 0.01
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, frameon=True, framealpha=0.85, loc="best")
+        legend_row.legend(*ax.get_legend_handles_labels(), fontsize=7, frameon=False, loc="upper center")
     fig.suptitle(A2_TITLE + " (full: every verified draft accepted)\n" + regime_line(profiles), fontsize=11)
     fig.tight_layout()
     return fig, pd.DataFrame(rows), [f"{len(layout)} panels, {len(profiles)} runs"]

@@ -121,6 +121,37 @@ def ratio_frame(pq: pd.DataFrame, positive: bool) -> pd.DataFrame:
     return frame[~frame["lora"] & frame["family"].isin(RATIO_FAMILIES[positive])]
 
 
+TICK_LABEL_GAP_PX = 8  # the least room between two neighbouring x tick labels, at the figure's dpi
+
+
+def tick_label_crowding(fig: matplotlib.figure.Figure, axes) -> float:
+    """How much wider the panels must be for no two neighbouring x tick labels of a panel to touch:
+    the largest ratio, over neighbours, of the room their texts need (half of each width and a gap)
+    to the distance between their centres; at most 1 when none touch. Measured on the figure as
+    drawn, in the labels' own font."""
+    renderer = fig.canvas.get_renderer()
+    crowding = 1.0
+    for ax in axes:
+        boxes = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_visible() and t.get_text()]
+        for left, right in zip(boxes, boxes[1:]):
+            distance = (right.x0 + right.x1) / 2 - (left.x0 + left.x1) / 2
+            crowding = max(crowding, ((left.width + right.width) / 2 + TICK_LABEL_GAP_PX) / max(distance, 1e-9))
+    return crowding
+
+
+def widen_for_tick_labels(fig: matplotlib.figure.Figure, axes, rect=(0, 0, 1, 1)) -> None:
+    """Widen the figure until its panels' x tick labels do not overlap (a figure's margins do not
+    grow with it, so a few rounds)."""
+    for _ in range(6):
+        fig.draw_without_rendering()
+        crowding = tick_label_crowding(fig, axes)
+        if crowding <= 1.0:
+            return
+        width, height = fig.get_size_inches()
+        fig.set_size_inches(width * min(crowding * 1.05, 3.0), height)
+        fig.tight_layout(rect=rect)
+
+
 def _empty_figure(number: int, message: str) -> plt.Figure:
     fig, ax = plt.subplots(figsize=(6, 2.5))
     ax.axis("off")
@@ -183,6 +214,7 @@ def ratio_figure(number: int, comparisons: Comparisons, positive: bool) -> Figur
     footnote = "Error bars: 95% paired bootstrap CIs (resampling questions)." + (" n/a: speed-only task (no accuracy)." if speed_only else "")
     fig.text(0.01, 0.005, footnote, fontsize=8, color="#444444")
     fig.tight_layout(rect=(0, 0.02, 1, 1))
+    widen_for_tick_labels(fig, axes[-1:], rect=(0, 0.02, 1, 1))
     notes = [f"{len(settings)} settings; pairs per comparison: {', '.join(str(int(n)) for n in data[data['metric'] == 'Throughput ratio']['pairs'])}"]
     return Figure(number, fig, data, notes)
 
@@ -287,6 +319,7 @@ def timing_figure(pq: pd.DataFrame) -> Figure:
     timed = pq[pq["model"].isin(models) & (pq["family"] == NEMOTRON) & (pq["temperature"] == 0) & ~pq["lora"]]
     fig.suptitle(f"Figure 5: normalized timing decomposition (greedy)\n{regime_line(timed)}", fontsize=10)
     fig.tight_layout()
+    widen_for_tick_labels(fig, axes[0])
     return Figure(5, fig, data, notes)
 
 
