@@ -13,7 +13,9 @@
 #
 # MODEL=tiny runs the any-order presets (tables 8-10) on tiny-set. Outputs: results/FOLDER/records
 # (JSONL), results/tableN/tables (CSV, Markdown, LaTeX), results/figureN/figures (PNG, PDF, CSV).
-# Records are resumed: rerunning a target skips the questions already recorded.
+# Records are resumed: rerunning a target skips the questions already recorded. Each preset's sweep
+# prints its jobs done and left with the time left (from the jobs finished so far) as each job
+# ends; a log that is not a terminal gets each job's progress lines every 30 s (packedss.progress).
 
 PY ?= .venv/bin/python
 MODEL ?=
