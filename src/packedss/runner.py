@@ -36,7 +36,7 @@ from packedss.errors import PackedSSError
 from packedss.job import JobSpec, ResolvedJob, job_spec, task_config_for  # noqa: F401 (task_config_for: re-exported)
 from packedss.models import load_adapter, load_tokenizer
 from packedss.models.checkpoint import resolve_dtype
-from packedss.models.cost_twin import CostTwin, available_bytes, build_cost_model
+from packedss.models.cost_twin import CostTwin, available_bytes, build_cost_model, row_scaling_fields
 from packedss.models.executors import batched_executor
 from packedss.models.static import end_warmup, static_capacity, static_twin
 from packedss.numerics import exact_reductions
@@ -153,6 +153,7 @@ def run_job(cfg) -> JobResult:
             print(warning, file=sys.stderr)
         pending = pending_responses(responses, resume.done)
         fields = job_fields(job.identity) | {"width_source": job.width_source} | warm_up(job, resources, pending)
+        fields |= row_scaling_fields(resources.model, job.width + 1) if pending else {}  # a cost twin's regime
         started = time.perf_counter()
         tally = write_records(resources, fields, decoded_responses(resources, pending), len(pending), writer, guard)
         if tally.written:

@@ -316,5 +316,25 @@ def regime_note(frame: pd.DataFrame) -> str:
     """The note under every written table: how the runs of these records were measured."""
     regimes = regime_labels(frame)
     if len(regimes) == 1:
-        return f"Measured in: {regimes[0]} (every run of these records)."
-    return f"Measured in: {' | '.join(regimes)} (the runs of these records differ in how they were measured)."
+        return f"Measured in: {regimes[0]} (every run of these records).{row_scaling_note(frame)}"
+    return (f"Measured in: {' | '.join(regimes)} (the runs of these records differ in how they were "
+            f"measured).{row_scaling_note(frame)}")  # fmt: skip
+
+
+def row_scaling_note(frame: pd.DataFrame) -> str:
+    """' Not the memory-bound regime: ...' per cost twin whose warm-up found 2B rows costing more than
+    its bound times B rows (the records' `cost_row_scaling`, packedss.models.cost_twin); '' for none."""
+    if "cost_row_scaling" not in frame:
+        return ""
+    ratios: dict[tuple[str, int, float], list[float]] = {}
+    for label, scaling in zip(frame["cost_model"], frame["cost_row_scaling"]):
+        if isinstance(scaling, dict) and not scaling["memory_bound"]:
+            key = (str(label), int(scaling["rows"]), float(scaling["memory_bound_at_most"]))
+            ratios.setdefault(key, []).append(float(scaling["ratio"]))
+    notes = []
+    for (label, rows, bound), measured in sorted(ratios.items()):
+        low, high = min(measured), max(measured)
+        took = f"{low:.2f}x" if low == high else f"{low:.2f}-{high:.2f}x"
+        notes.append(f" Not the memory-bound regime: on cost twin {label} a call of {2 * rows} rows took {took} a call "
+                     f"of {rows} rows (memory-bound: at most {bound:g}x).")  # fmt: skip
+    return "".join(notes)

@@ -14,13 +14,22 @@ shape (SHAPES: the Ministral-3 text backbones of Nemotron-Labs-Diffusion, our re
 Qwen3 shape of SDAR-8B) or of a config.json, optionally cut to its first `layers` layers, in any
 dtype and on any device. It is always a Ministral3 backbone of that shape.
 `cost_spec` checks all of this before anything is loaded.
+
+Whether a cost twin shows the memory-bound regime depends on the machine: on a core whose
+arithmetic cannot hide under the weight stream (AVX2 without AVX-512, say), a call of more rows
+costs more. `row_scaling` measures it before the timed decodes: the cost model's call of 2B rows
+against its call of B rows (B = W + 1: Packed-SS's call against Linear-SS's), and the job warns
+in one line, and its records say (`cost_row_scaling`), when 2B rows cost more than
+MEMORY_BOUND_RATIO times B rows (docs/models.md §10).
 """
 
 from __future__ import annotations
 
 import inspect
+import sys
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +38,7 @@ from huggingface_hub.dataclasses import strict
 from torch import nn
 from transformers import Ministral3Config
 
-from packedss.decoding.calls import Call
+from packedss.decoding.calls import Call, causal_segment, pack
 from packedss.errors import PackedSSError
 from packedss.models.adapter import BackboneAdapter
 from packedss.models.attention import ATTENTION
@@ -305,3 +314,68 @@ class CostTwin:
 
         end_warmup(self.model)
         return end_warmup(self.cost)
+
+
+# The memory-bound regime: a call of 2B rows costs at most this many times a call of B rows (on a
+# GPU about 1.0; the arithmetic of a few rows hides under the weight stream).
+MEMORY_BOUND_RATIO = 1.25
+ROW_SCALING_ROUNDS = 2  # calls of each size, alternated; the fastest of each counts
+
+
+@dataclass(frozen=True)
+class RowScaling:
+    """The cost model's time for a call of `rows` (B) rows and for one of 2B rows, on this machine."""
+
+    rows: int
+    seconds: float
+    double_seconds: float
+
+    @property
+    def ratio(self) -> float:
+        return self.double_seconds / self.seconds
+
+    @property
+    def memory_bound(self) -> bool:
+        return self.ratio <= MEMORY_BOUND_RATIO
+
+    def record_fields(self) -> dict:
+        return {"cost_row_scaling": {"rows": self.rows, "ratio": round(self.ratio, 3), "seconds": round(self.seconds, 6),
+                                     "double_seconds": round(self.double_seconds, 6),
+                                     "memory_bound_at_most": MEMORY_BOUND_RATIO, "memory_bound": self.memory_bound}}  # fmt: skip
+
+    def warning(self, label: str) -> str | None:
+        """One line when 2B rows cost more than MEMORY_BOUND_RATIO x B rows; None when they do not."""
+        if self.memory_bound:
+            return None
+        return (f"warning: cost twin {label}: a call of {2 * self.rows} rows took {self.ratio:.2f}x a call of {self.rows} "
+                f"rows on this machine (the memory-bound regime: at most {MEMORY_BOUND_RATIO:g}x), so its times are not "
+                "that regime's and schedules with larger calls come out slower than there (docs/models.md §10)")  # fmt: skip
+
+
+def row_scaling(cost, rows: int, timer: Callable | None = None, rounds: int = ROW_SCALING_ROUNDS) -> RowScaling:
+    """Time causal calls of `rows` and 2 x `rows` rows on an eager twin of the cost model (its own
+    empty cache, the same weights), alternated `rounds` times; the fastest of each size. `timer`
+    (default charged_seconds) times one call."""
+    timer = timer or charged_seconds
+    probe = cost.twin()
+    calls = {size: pack([causal_segment(torch.arange(size, device=probe.device) % int(probe.head.out_features), 0)])
+             for size in (rows, 2 * rows)}  # fmt: skip
+    fastest = {size: float("inf") for size in calls}
+    for _ in range(rounds):
+        for size, call in calls.items():
+            probe.reset()
+            fastest[size] = min(fastest[size], timer(probe, call))
+    probe.reset()
+    return RowScaling(rows, fastest[rows], fastest[2 * rows])
+
+
+def row_scaling_fields(model, rows: int, timer: Callable | None = None) -> dict:
+    """For a cost twin: its cost model's row scaling (`row_scaling`) as the records' field, with
+    its one warning line on stderr when it is not the memory-bound regime; {} for any other model."""
+    if not isinstance(model, CostTwin):
+        return {}
+    scaling = row_scaling(model.cost, rows, timer)
+    warning = scaling.warning(model.label)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
+    return scaling.record_fields()
