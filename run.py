@@ -30,6 +30,7 @@ try:
     from omegaconf import DictConfig
 
     from packedss.config import check_before_loading, register_configs
+    from packedss.progress import JobHeartbeat
 
     register_configs()
 except KeyboardInterrupt:  # Ctrl-C while torch and transformers load
@@ -44,9 +45,11 @@ except Stopped as err:
 def main(cfg: DictConfig) -> None:
     try:
         check_before_loading(cfg)
-        from packedss.runner import run_job  # torch's compiler and transformers: seconds
+        label = f"{cfg.model.name}/{cfg.task.name}/{cfg.schedule.name}"
+        with JobHeartbeat(label, enabled=cfg.progress):  # lines in a log while the job loads and warms up
+            from packedss.runner import run_job  # torch's compiler and transformers: seconds
 
-        result = run_job(cfg)
+            result = run_job(cfg)
     except PackedSSError as err:
         report(user_message(err), err)
         if HydraConfig.get().mode == RunMode.MULTIRUN and exit_status(err) == 2:

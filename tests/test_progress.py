@@ -139,3 +139,31 @@ def test_a_job_whose_stderr_is_a_log_writes_its_progress_lines_there(progress, t
     else:
         assert lines[0].startswith("tiny/arith/packed W=8: 0 of 2 responses done, 2 left")
         assert lines[-1].startswith("tiny/arith/packed W=8: 2 of 2 responses done, 0 left")
+
+
+def test_a_job_preparing_gives_lines_until_its_responses_are_counted():
+    from packedss.progress import JobHeartbeat
+
+    clock, log = FakeClock(), io.StringIO()
+    with JobHeartbeat("tiny/arith/packed", file=log, interval_s=30, clock=clock, timer=False) as heartbeat:
+        clock.now += 10
+        heartbeat.tick()  # within the interval: no line
+        clock.now += 20
+        heartbeat.tick()
+        clock.now += 45
+        heartbeat.tick()
+        PlainProgress(2, "tiny/arith/packed W=8", log, clock=clock, timer=False)  # takes over
+        clock.now += 60
+        heartbeat.tick()
+    assert log.getvalue().splitlines() == [
+        "tiny/arith/packed: preparing (model, data, warm-up), 30 s so far",
+        "tiny/arith/packed: preparing (model, data, warm-up), 1 min 15 s so far",
+        "tiny/arith/packed W=8: 0 of 2 responses done, 2 left, 0 s so far; no estimate of the time left yet (none finished)",
+    ]
+    assert JobHeartbeat.current is None
+    terminal = Terminal()
+    with JobHeartbeat("job", file=terminal, interval_s=30, clock=clock, timer=False) as quiet:
+        clock.now += 60
+        quiet.tick()  # tick is asked for here; on a terminal the heartbeat is off (no thread, no current)
+        assert JobHeartbeat.current is None
+    assert terminal.getvalue() == ""

@@ -7,6 +7,9 @@ and the time left estimated from what has finished so far.
   not a terminal (a log file, a pipe, `make ... > log`), where tqdm shows nothing, plain lines
   instead: one at the start, one every `interval_s` (30 s: a timer thread, so that a long
   response still gives its line) and one at the end.
+- A job before its responses are counted (`JobHeartbeat`, run.py): loading the model and the
+  data, the warm-up (minutes for a large model or a compiled one); off a terminal, a line every
+  `interval_s` until the job's response progress starts.
 
 Clocks are injectable (`clock`), and a plain progress's line can be asked for (`tick`), so that
 tests do not depend on the machine's speed."""
@@ -80,6 +83,8 @@ class PlainProgress:
 
     def __init__(self, total: int, desc: str, file: IO[str], interval_s: float = LINE_INTERVAL_S,
                  clock: Callable[[], float] = time.monotonic, timer: bool = True):  # fmt: skip
+        if JobHeartbeat.current is not None:
+            JobHeartbeat.current.stop()  # these lines take over
         self.total, self.desc, self.file, self.interval_s, self.clock = total, desc, file, interval_s, clock
         self.started = self.last_line = clock()
         self.done = 0
@@ -123,6 +128,54 @@ class PlainProgress:
             self.line()
 
     def _tick_until_closed(self) -> None:
+        while not self.stopped.wait(min(self.interval_s, 1.0)):
+            self.tick()
+
+
+class JobHeartbeat:
+    """While a job prepares (`with JobHeartbeat(label):` around it), when `file` is not a
+    terminal: `label: preparing (model, data, warm-up), 1 min 0 s so far` every `interval_s`,
+    until the job's PlainProgress starts (it stops the heartbeat) or the job ends."""
+
+    current: Optional[JobHeartbeat] = None  # the running job's (one job at a time in a process)
+
+    def __init__(self, label: str, enabled: bool = True, file: Optional[IO[str]] = None,
+                 interval_s: float = LINE_INTERVAL_S, clock: Callable[[], float] = time.monotonic,
+                 timer: bool = True):  # fmt: skip
+        self.label, self.file, self.interval_s, self.clock = label, file or sys.stderr, interval_s, clock
+        self.enabled = enabled and not _is_terminal(self.file)
+        self.timer = timer
+        self.started = self.last_line = clock()
+        self.stopped = threading.Event()
+        self.thread: Optional[threading.Thread] = None
+
+    def __enter__(self) -> JobHeartbeat:
+        if self.enabled:
+            JobHeartbeat.current = self
+            if self.timer:
+                self.thread = threading.Thread(target=self._tick_until_stopped, daemon=True)
+                self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join()
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if JobHeartbeat.current is self:
+            JobHeartbeat.current = None
+
+    def tick(self) -> None:
+        """A line when `interval_s` have passed since the last one (none once stopped)."""
+        now = self.clock()
+        if self.enabled and not self.stopped.is_set() and now - self.last_line >= self.interval_s:
+            self.last_line = now
+            print(f"{self.label}: preparing (model, data, warm-up), {duration(now - self.started)} so far",
+                  file=self.file, flush=True)  # fmt: skip
+
+    def _tick_until_stopped(self) -> None:
         while not self.stopped.wait(min(self.interval_s, 1.0)):
             self.tick()
 
