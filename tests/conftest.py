@@ -14,6 +14,7 @@ from transformers import Ministral3Config, Ministral3Model
 
 from packedss.models.nemotron import load_nemotron, save_nemotron
 from packedss.paths import PROJECT_ROOT
+from tests.hydra_leftovers import hydra_run_dirs, leftovers, report_lines
 
 # Tiny models and toy calls are dominated by per-op overhead; extra intra-op threads only
 # oversubscribe the cores (measured: 25x slower sampling tests with the default thread count).
@@ -139,30 +140,27 @@ def pytest_collection_modifyitems(config, items):
             assert item.nodeid.endswith(suffix), "pytest keeps the node id elsewhere now: update this hook"
 
 
-# Hydra's default run and sweep directories (outputs/<date>/<time>, multirun/<date>/<time>): a test
-# that leaves one in the repository ran run.py without a hydra.run.dir or hydra.sweep.dir of its own.
-HYDRA_DEFAULT_DIRS = ("outputs", "multirun")
 HYDRA_DIRS_BEFORE = pytest.StashKey[set]()
 
 
-def hydra_default_dirs() -> set[str]:
-    """The run directories under the repository's outputs/ and multirun/ (two levels: date, time)."""
-    return {str(p.relative_to(PROJECT_ROOT)) for name in HYDRA_DEFAULT_DIRS for p in (PROJECT_ROOT / name).glob("*/*")}
-
-
 def pytest_sessionstart(session):
-    session.config.stash[HYDRA_DIRS_BEFORE] = hydra_default_dirs()
+    session.config.stash[HYDRA_DIRS_BEFORE] = hydra_run_dirs(PROJECT_ROOT)
 
 
 def pytest_sessionfinish(session, exitstatus):
+    """Fails the session when its tests left Hydra run directories in the repository; runs of
+    the user's own in the meantime are named in a note and not counted (tests/hydra_leftovers.py)."""
     if hasattr(session.config, "workerinput"):  # a pytest-xdist worker: the controller checks once, at the end
         return
-    left = sorted(hydra_default_dirs() - session.config.stash[HYDRA_DIRS_BEFORE])
-    if left:
-        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    temp_root = session.config._tmp_path_factory.getbasetemp()  # every worker's and test's tmp_path is under it
+    error, note = report_lines(leftovers(PROJECT_ROOT, session.config.stash[HYDRA_DIRS_BEFORE], temp_root))
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None and (error or note):
         reporter.ensure_newline()
-        reporter.write_line(f"error: the suite left Hydra run directories in the repository ({', '.join(left)}); "
-                            "give each run.py a hydra.run.dir or hydra.sweep.dir under tmp_path", red=True)  # fmt: skip
+        for line, colour in ((note, "yellow"), (error, "red")):
+            if line:
+                reporter.write_line(line, **{colour: True})
+    if error:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
