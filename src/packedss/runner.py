@@ -43,10 +43,11 @@ from packedss.numerics import exact_reductions
 from packedss.paths import PROJECT_ROOT
 from packedss.preemption import SignalGuard
 from packedss.progress import response_progress
-from packedss.records import RecordWriter, output_hash
+from packedss.records import RecordWriter, output_hash, read_records
 from packedss.tasks import Question, Task, load_task
 from packedss.tasks.prompts import encode_prompt
 from packedss.tasks.stops import make_stop_check, output_text
+from packedss.tasks.turns import ready_turns
 
 
 @dataclass
@@ -86,6 +87,8 @@ class JobResources:
     model: Any  # the CallModel of the job's call path: eager, static (compiled), or a cost twin over either
     executor: Any  # C > 1: the batched calls' executor (packedss.models.executors); None: one at a time
     slots: int  # responses decoded together: C, or fewer when the job has fewer
+    weights: Any = None  # the loaded Weights (a later pass reuses them)
+    waiting: list[Question] = field(default_factory=list)  # later turns whose earlier turns are not recorded yet
 
     def settings(self, question_id: str, sample: int) -> DecodeSettings:
         """One response's decode settings: the job's, with its own seeded generator at T > 0 (and for
@@ -145,20 +148,42 @@ class Tally:
 def run_job(cfg) -> JobResult:
     job = job_spec(cfg)
     resources = job_resources(job)
+    written = 0
+    with SignalGuard() as guard, RecordWriter(job.record_path) as writer:
+        while True:  # one pass, and one more per later turn of a multi-turn task (packedss.tasks.turns)
+            turn_written, skipped = run_responses(job, resources, writer, guard)
+            written += turn_written
+            if not resources.waiting or not turn_written:
+                break
+            resources = job_resources(job, resources.weights)  # the later turns, their earlier ones now recorded
+    # A pass's questions hold every earlier pass's: the last one skipped those written before it too.
+    return JobResult(path=job.record_path, written=written, skipped=skipped - (written - turn_written))
+
+
+def run_responses(job: ResolvedJob, resources: JobResources, writer: RecordWriter, guard: SignalGuard) -> tuple[int, int]:
+    """Decode and record the responses of the resources' questions not yet recorded: (written, skipped)."""
     responses = [PendingResponse(q, k, r) for q in resources.questions for k in range(job.samples)
                  for r in range(job.repeats)]  # fmt: skip
-    with SignalGuard() as guard, RecordWriter(job.record_path) as writer:
-        resume = writer.resume(job.identity.config_hash)
-        for warning in resume.warnings():  # bad lines: kept, named, and not counted as done
-            print(warning, file=sys.stderr)
-        pending = pending_responses(responses, resume.done)
-        fields = job_fields(job.identity) | {"width_source": job.width_source} | warm_up(job, resources, pending)
-        fields |= row_scaling_fields(resources.model, job.width + 1) if pending else {}  # a cost twin's regime
-        started = time.perf_counter()
-        tally = write_records(resources, fields, decoded_responses(resources, pending), len(pending), writer, guard)
-        if tally.written:
-            write_throughput(job.record_path, job.identity, tally, time.perf_counter() - started)
-    return JobResult(path=job.record_path, written=tally.written, skipped=len(responses) - len(pending))
+    resume = writer.resume(job.identity.config_hash)
+    for warning in resume.warnings():  # bad lines: kept, named, and not counted as done
+        print(warning, file=sys.stderr)
+    pending = pending_responses(responses, resume.done)
+    fields = job_fields(job.identity) | {"width_source": job.width_source} | warm_up(job, resources, pending)
+    fields |= row_scaling_fields(resources.model, job.width + 1) if pending else {}  # a cost twin's regime
+    started = time.perf_counter()
+    tally = write_records(resources, fields, decoded_responses(resources, pending), len(pending), writer, guard)
+    if tally.written:
+        write_throughput(job.record_path, job.identity, tally, time.perf_counter() - started)
+    return tally.written, len(responses) - len(pending)
+
+
+def recorded_answers(job: ResolvedJob) -> dict[str, str]:
+    """Question id -> the output text of its recorded first response (an earlier turn's answer)."""
+    if not job.record_path.is_file():
+        return {}
+    records, _ = read_records(job.record_path)
+    return {r["question_id"]: r["output_text"] for r in records
+            if r["config_hash"] == job.identity.config_hash and r["sample"] == 0 and r["repeat"] == 0}  # fmt: skip
 
 
 def job_resources(job: ResolvedJob, weights: Weights | None = None) -> JobResources:
@@ -169,7 +194,8 @@ def job_resources(job: ResolvedJob, weights: Weights | None = None) -> JobResour
     spec = job.identity
     prepare_process(job)
     task = load_task(job.task_config, data_dir=job.data_dir)
-    questions = task.questions(job.limit)
+    # A later turn waits until the turns before it are recorded.
+    questions, waiting = ready_turns(task.questions(job.limit), partial(recorded_answers, job), job.samples)
     tokenizer = load_tokenizer(job.model_config, job.model_path) if weights is None else weights.tokenizer
     ids = {q.question_id: question_prompt_ids(task, tokenizer, q, spec.chat) for q in questions}
     largest_call = job.family.schedule(spec.schedule).largest_call_rows(spec.call_width)
@@ -186,7 +212,7 @@ def job_resources(job: ResolvedJob, weights: Weights | None = None) -> JobResour
     if spec.concurrency > 1:
         executor = batched_executor(model, slots, spec.compile, capacity if spec.compile != "none" else 0)
     return JobResources(job, tokenizer, task, questions, prompts, eos_token_ids, stops,
-                        make_stop_check(tokenizer, stops), model, executor, slots)  # fmt: skip
+                        make_stop_check(tokenizer, stops), model, executor, slots, weights, waiting)  # fmt: skip
 
 
 def prepare_process(job: ResolvedJob) -> None:
@@ -308,6 +334,7 @@ def write_records(resources: JobResources, fields: dict, decoded: Iterator[tuple
             "output_ids": out.tokens,
             **out.cost_fields(),
             **grades[key],
+            **response.question.metadata.get("record_fields", {}),  # e.g. Spec-Bench's category and turn
         }
         with guard.critical():
             writer.append(record)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional
 from packedss.errors import PackedSSError
 from packedss.paths import CONF_DIR
 
-TASK_NAMES: tuple[str, ...] = ("arith", "gsm8k", "math500", "mbpp", "humaneval", "writingbench")
+TASK_NAMES: tuple[str, ...] = ("arith", "gsm8k", "math500", "mbpp", "humaneval", "writingbench", "specbench")
 
 
 class DataUnavailable(PackedSSError):
@@ -60,7 +60,8 @@ class TaskConfig:
     memory_limit_mb: int = 1024
     #: mbpp only: "plus" (EvalPlus MBPP+, 378) or "original" (google-research MBPP test, 500).
     variant: str = ""
-    #: arith only: number of generated questions and the generator seed.
+    #: arith: number of generated questions (and `seed`, the generator's); specbench: questions
+    #: per category (0: all).
     n: int = 0
     seed: int = 0
 
@@ -170,6 +171,10 @@ def usable_cpus() -> int:
 
 
 def build_prompt(cfg: TaskConfig, q: Question, tokenizer=None, chat: bool = False) -> str:
+    if q.metadata.get("earlier_ids"):  # a later turn of a conversation (packedss.tasks.turns)
+        from packedss.tasks.turns import conversation_prompt
+
+        return conversation_prompt(cfg, q, tokenizer, chat)
     if not chat:
         return cfg.prompt_plain.replace("{question}", q.text)
     if tokenizer is None:

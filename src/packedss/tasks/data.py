@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Iterable, Optional
 
 from packedss.tasks.core import DataUnavailable, Question, TaskConfig
+from packedss.tasks.specbench import load_specbench
 
 MBPP_VARIANTS = {
     # variant: (hub id, subset, split, local file names accepted in data_dir)
@@ -345,4 +346,5 @@ LOADERS = {
     "mbpp": load_mbpp,
     "humaneval": load_humaneval,
     "writingbench": load_writingbench,
+    "specbench": load_specbench,
 }
