@@ -11,6 +11,7 @@ import torch
 
 from packedss.analysis.load import load_records
 from packedss.analysis.metrics import regime_note
+from packedss.decoding.calls import causal_segment, pack
 from packedss.models import cost_twin
 from packedss.models.cost_twin import MEMORY_BOUND_RATIO, CostTwin, random_adapter, row_scaling, row_scaling_fields, shape_config
 from packedss.paths import PROJECT_ROOT
@@ -40,13 +41,17 @@ def scripted(seconds_by_rows: dict[int, list[float]], seen: list[tuple[int, int]
 
 
 def test_the_fastest_call_of_each_size_counts_and_each_runs_on_an_empty_cache(cost):
+    cost.reset()
+    cost.run(pack([causal_segment(torch.arange(5), 0)]))
+    cost.commit(5)  # a response's rows in the cost model's own cache
     seen = []
     scaling = row_scaling(cost, 9, scripted({9: [3.0, 1.0], 18: [1.3, 4.0]}, seen))
     assert seen == [(9, 0), (18, 0), (9, 0), (18, 0)]  # alternated, never on another call's rows
     assert (scaling.rows, scaling.seconds, scaling.double_seconds) == (9, 1.0, 1.3)
     assert scaling.ratio == pytest.approx(1.3)
     assert not scaling.memory_bound and scaling.warning("x") is not None
-    assert cost.cached_rows == 0  # the cost model's own cache is untouched
+    assert cost.cached_rows == 5  # the cost model's own cache is untouched
+    cost.reset()
 
 
 @pytest.mark.parametrize("double,bound", [(MEMORY_BOUND_RATIO, True), (MEMORY_BOUND_RATIO + 0.01, False)])
