@@ -76,9 +76,11 @@ def transfer_counts(block: int, steps: int) -> list[int]:
 
 def distributions(logits: torch.Tensor, temperature: float, mask_token_id: int) -> torch.Tensor:
     """softmax(logits / T), at T = 0 softmax(logits) (S2D2's greedy reading), with no mass on the
-    mask token: a block position is never resolved to MASK, so every block finishes. (The
-    releases leave the mask logit; a trained model does not propose it, and a release decode that
-    did would leave its block unfinished.)"""
+    mask token: a block position is never resolved to MASK, so every block finishes within its
+    steps. (The releases leave the mask logit, and a row that proposes MASK stays masked: with
+    steps to spare they spend one more denoise call on it, at the block's last step generate.py
+    reads past its step schedule and raises IndexError, and S2D2's verifier mostly rejects a mask
+    draft and resamples it; docs/schedules.md §17.)"""
     logits = logits.clone()
     logits[:, mask_token_id] = -torch.inf
     return probabilities(logits, temperature or 1.0)
