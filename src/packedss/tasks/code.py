@@ -205,15 +205,16 @@ def attempt_status(result: ExecResult, evalplus: bool) -> str:
     return result.status
 
 
-def run_attempts(program: str, limits: tuple[float, int], evalplus: bool = False) -> list[tuple[ExecResult, str]]:
-    """The program's runs and what each ended in. One that timed out runs once more, alone (no
-    other sandboxed program of this process running), and the second run's verdict counts: so
-    a verdict does not depend on what else the machine runs (docs/sandbox.md §8)."""
+def run_attempts(program: str, limits: tuple[float, int], evalplus: bool = False) -> list[tuple[ExecResult, str, bool]]:
+    """The program's runs: (result, what it ended in, whether it ran alone). One that timed out
+    runs once more, alone (no other sandboxed program of this process running), and the second
+    run's verdict counts: so a verdict does not depend on what else the job runs beside it
+    (docs/sandbox.md §8)."""
     time_limit_s, memory_limit_mb = limits
     attempts = []
     for alone in (False, True):
         result = run_program(program, time_limit_s=time_limit_s, memory_limit_mb=memory_limit_mb, alone=alone)
-        attempts.append((result, attempt_status(result, evalplus)))
+        attempts.append((result, attempt_status(result, evalplus), alone))
         if attempts[-1][1] != "timeout":
             break
     return attempts
@@ -223,7 +224,7 @@ def _grade_program(program: str, fenced: bool, code: str, limits: tuple[float, i
     if not code.strip():
         return Grade(extracted_answer=None, correct=False, details={"status": "empty", "fenced": fenced})
     attempts = run_attempts(program, limits, evalplus)
-    res, status = attempts[-1]
+    res, status, _ = attempts[-1]
     return Grade(
         extracted_answer=code[:20000],
         correct=res.passed,
@@ -235,7 +236,7 @@ def _grade_program(program: str, fenced: bool, code: str, limits: tuple[float, i
             "stderr_tail": res.stderr_tail[-1000:],
         },
         sandbox=res.sandbox,
-        attempts=[{"status": s, "duration_s": r.duration_s, "alone": i > 0} for i, (r, s) in enumerate(attempts)],
+        attempts=[{"status": status, "duration_s": r.duration_s, "alone": alone} for r, status, alone in attempts],
     )
 
 
