@@ -171,7 +171,7 @@ def test_out_dir_that_is_no_writable_folder_fails_before_loading(where, tmp_path
 @needs_tiny
 def test_a_full_disk_while_a_record_is_written_cuts_the_partial_line(tmp_path):
     out = tmp_path / "out"
-    args = ["schedule=linear", "width=4", "max_new_tokens=16", "warmup=false", f"out_dir={out}"]
+    args = ["schedule=linear", "width=4", "max_new_tokens=16", "warmup=false", "progress=false", f"out_dir={out}"]
     run_py([*args, "limit=1"], tmp_path).check_returncode()
     (path,) = out.rglob("*.jsonl")
     before = path.read_bytes()
