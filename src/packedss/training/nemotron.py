@@ -117,33 +117,62 @@ def train_nemotron(config: TrainConfig, out_dir: Path, init_from: str | None = N
 def train_proposal_lora(config: TrainConfig, base_dir: Path, out_dir: Path, base_label: str) -> None:
     """Train the proposal LoRA of the `tiny` checkpoint base_dir into out_dir (PEFT layout);
     `base_label` names the base in the training record."""
-    from transformers import AutoTokenizer
-
     from packedss.models.lora import ProposalLoRA, save_peft_adapter
-    from packedss.models.nemotron import load_nemotron
-    from packedss.tasks.core import load_task_config
 
     started = time.time()
     seed_all(config.seed)
+    adapter, tok = frozen_base(base_dir)
+    examples = lora_examples(config, base_dir, tok)
+    ids = {"eos": adapter.eos_token_ids[0], "mask": adapter.mask_token_id, "pad": tok.pad_token_id}
+    lora = ProposalLoRA.create(
+        adapter.backbone, rank=config.lora_rank, alpha=config.lora_alpha, targets=config.lora_targets, seed=config.seed
+    )
+    sampler = Sampler(examples, config.mix, config.seed + 7)
+    layout_rng = random.Random(config.seed + 8)
+
+    def draft_batch():
+        return collate(
+            [
+                nemotron_layout(ids_, start, layout_rng, ids["mask"], config.lora_draft_ratio, config.mask_blocks)
+                for ids_, start in sampler.draw(config.batch)
+            ],
+            ids["pad"],
+        )
+
+    steps_run = train_lora_steps(config, started, adapter, lora, draft_batch)
+    save_peft_adapter(lora, out_dir, extra={"packedss_training": lora_record(config, base_label, steps_run, started)})
+    print(f"[done] saved {out_dir} after {steps_run} steps in {(time.time() - started) / 60:.1f} min", flush=True)
+
+
+def frozen_base(base_dir: Path):
+    """The base checkpoint's adapter with every weight frozen, and its tokenizer."""
+    from transformers import AutoTokenizer
+
+    from packedss.models.nemotron import load_nemotron
+
     adapter = load_nemotron(base_dir)
-    backbone, head = adapter.backbone, adapter.head
-    for p in list(backbone.parameters()) + list(head.parameters()):
+    for p in list(adapter.backbone.parameters()) + list(adapter.head.parameters()):
         p.requires_grad_(False)
-    tok = AutoTokenizer.from_pretrained(str(base_dir))
+    return adapter, AutoTokenizer.from_pretrained(str(base_dir))
+
+
+def lora_examples(config: TrainConfig, base_dir: Path, tok) -> list:
+    """The training examples, encoded; says so when the base was trained with another arith template."""
+    from packedss.tasks.core import load_task_config
+
     base_config = json.loads((base_dir / "config.json").read_text())
     template = base_config.get("packedss_training", {}).get("arith_template") or load_task_config("arith").prompt_plain
     corpus = build_corpus(config.arith_n, config.seed, config.data_dir, config.code_bytes)
     if corpus.template != template:
         print(f"[lora] note: base trained with template {template!r}, task now {corpus.template!r}", flush=True)
-    examples = encode_examples(tok, corpus, config.max_len)
-    ids = {"eos": adapter.eos_token_ids[0], "mask": adapter.mask_token_id, "pad": tok.pad_token_id}
-    lora = ProposalLoRA.create(
-        backbone, rank=config.lora_rank, alpha=config.lora_alpha, targets=config.lora_targets, seed=config.seed
-    )
-    sampler = Sampler(examples, config.mix, config.seed + 7)
-    layout_rng = random.Random(config.seed + 8)
+    return encode_examples(tok, corpus, config.max_len)
+
+
+def train_lora_steps(config: TrainConfig, started: float, adapter, lora, draft_batch) -> int:
+    """Up to config.lora_steps AdamW steps of the LoRA on `draft_batch()` batches (stopping at the
+    wall-clock cap); the steps run, as the training record counts them."""
     opt = torch.optim.AdamW(lora.parameters(), lr=config.lora_lr, weight_decay=0.0)
-    backbone.train()
+    adapter.backbone.train()
     ema = None
     t0 = time.time()
     step = 0
@@ -151,33 +180,10 @@ def train_proposal_lora(config: TrainConfig, base_dir: Path, out_dir: Path, base
         if config.max_minutes and time.time() - started > config.max_minutes * 60:
             print(f"[lora] wall-clock cap reached after {step} steps", flush=True)
             break
-        batch = collate(
-            [
-                nemotron_layout(ids_, start, layout_rng, ids["mask"], config.lora_draft_ratio, config.mask_blocks)
-                for ids_, start in sampler.draw(config.batch)
-            ],
-            ids["pad"],
-        )
+        batch = draft_batch()
         for group in opt.param_groups:
             group["lr"] = lr_at(step, config.lora_steps, config.lora_lr, 20)
-        lora.select(batch.draft_rows)
-        try:
-            hidden = backbone(
-                input_ids=batch.tokens, position_ids=batch.positions, attention_mask=batch.mask, use_cache=False
-            ).last_hidden_state
-            logits = head(hidden)
-        finally:
-            lora.select(None)
-        # Teacher: the verifier (unadapted clean rows of the same pass) at the position each
-        # mask row drafts: clean row i-1 predicts position i.
-        positions = batch.positions
-        with torch.no_grad():
-            teacher_rows = (positions - 1).clamp(min=0, max=positions.shape[1] - 1)
-            teacher = torch.softmax(logits.gather(1, teacher_rows[..., None].expand_as(logits)).detach(), dim=-1)
-        valid = batch.draft_targets != IGNORE
-        student = torch.log_softmax(logits[valid], dim=-1)
-        kl = F.kl_div(student, teacher[valid], reduction="batchmean")
-        ce = F.cross_entropy(logits[valid], teacher[valid].argmax(dim=-1))  # the verifier's greedy token
+        kl, ce = distillation_losses(adapter, lora, batch)
         loss = kl + config.lora_ce * ce
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -187,8 +193,36 @@ def train_proposal_lora(config: TrainConfig, base_dir: Path, out_dir: Path, base
         if step % config.log_every == 0 or step == config.lora_steps - 1:
             rate = (time.time() - t0) / (step + 1)
             print(f"[lora] step {step} kl {ema[0]:.3f} ce {ema[1]:.3f} {rate:.2f}s/step", flush=True)
-    steps_run = step + 1
-    record = {
+    return step + 1
+
+
+def distillation_losses(adapter, lora, batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """KL(verifier || drafter) and the cross-entropy to the verifier's greedy token, on the draft
+    rows of one forward pass with the LoRA on those rows only."""
+    lora.select(batch.draft_rows)
+    try:
+        hidden = adapter.backbone(
+            input_ids=batch.tokens, position_ids=batch.positions, attention_mask=batch.mask, use_cache=False
+        ).last_hidden_state
+        logits = adapter.head(hidden)
+    finally:
+        lora.select(None)
+    # Teacher: the verifier (unadapted clean rows of the same pass) at the position each
+    # mask row drafts: clean row i-1 predicts position i.
+    positions = batch.positions
+    with torch.no_grad():
+        teacher_rows = (positions - 1).clamp(min=0, max=positions.shape[1] - 1)
+        teacher = torch.softmax(logits.gather(1, teacher_rows[..., None].expand_as(logits)).detach(), dim=-1)
+    valid = batch.draft_targets != IGNORE
+    student = torch.log_softmax(logits[valid], dim=-1)
+    kl = F.kl_div(student, teacher[valid], reduction="batchmean")
+    ce = F.cross_entropy(logits[valid], teacher[valid].argmax(dim=-1))  # the verifier's greedy token
+    return kl, ce
+
+
+def lora_record(config: TrainConfig, base_label: str, steps_run: int, started: float) -> dict:
+    """The adapter's training record (packedss_training.json)."""
+    return {
         "script": "scripts/train_tiny.py --lora",
         "base": base_label,
         "seed": config.seed,
@@ -198,5 +232,3 @@ def train_proposal_lora(config: TrainConfig, base_dir: Path, out_dir: Path, base
         "objective": "KL(verifier || drafter) + %.2f * CE(verifier argmax) on draft rows" % config.lora_ce,
         "train_minutes": round((time.time() - started) / 60, 1),
     }
-    save_peft_adapter(lora, out_dir, extra={"packedss_training": record})
-    print(f"[done] saved {out_dir} after {steps_run} steps in {(time.time() - started) / 60:.1f} min", flush=True)
