@@ -123,6 +123,8 @@ def test_a_resume_counts_only_sound_records_and_names_each_bad_line(tmp_path):
     path.write_text("\n".join(lines) + "\n")
     with RecordWriter(path) as writer:
         resume = writer.resume("abc")
+        again = writer.resume("abc")  # a job's later pass (multi-turn tasks) names them once only
+    assert again.done == resume.done and again.bad_lines == []
     assert resume.done == {("q1", 0, 0), ("q3", 0, 0)}
     assert [(bad.path, bad.line) for bad in resume.bad_lines] == [(path, 2), (path, 3)]
     assert resume.warnings() == [bad_line_warning(bad, RESUME_KEEPS_IT) for bad in resume.bad_lines]

@@ -206,14 +206,18 @@ class RecordWriter:
                 f"another job is writing {self.path}; wait for it to finish or choose another out_dir"
             ) from None
         self.repaired_bytes = repair_torn_tail(self.path)
+        self._named: set[int] = set()  # the bad lines' numbers a resume returned
 
     def resume(self, config_hash_value: str) -> Resume:
         """The (question_id, sample, repeat) keys of the file's sound records under this config
-        hash, and the lines that are not sound records (not counted as done: docs/records.md §4)."""
+        hash, and the lines that are not sound records (not counted as done: docs/records.md §4)
+        that no earlier resume of this writer returned."""
         records, bad = read_records(self.path)
         done = {(r["question_id"], r.get("sample", 0), r["repeat"]) for r in records
                 if r.get("config_hash") == config_hash_value}  # fmt: skip
-        return Resume(done, bad)
+        unnamed = [line for line in bad if line.line not in self._named]  # a job's later pass names none again
+        self._named.update(line.line for line in unnamed)
+        return Resume(done, unnamed)
 
     def append(self, record: dict) -> None:
         """Append one whole record; when a write fails (a full disk) the partial line is cut off."""
