@@ -17,7 +17,8 @@
 # --implementation cp` and the manylinux x86-64 platforms; a release published as source only
 # (antlr4-python3-runtime 4.9.3) is built here into its pure-Python wheel. The script lists every
 # wheel in DIR with its size and refuses a total of 30 MiB or more (what travels with the check)
-# and two versions of one package (the install would stop). On the GPU machine:
+# and two versions of one package (the install would stop), and writes DIR/COMMIT (the commit
+# here, which gpu_check.sh passes to the records as PACKEDSS_COMMIT). On the GPU machine:
 #
 #     WHEELS=DIR bash scripts/gpu_check.sh    # installs them with pip --no-index --no-deps --target
 #
@@ -80,6 +81,8 @@ for wheel in "$STAGE"/*.whl; do
   mv "$wheel" "$DIR"/
 done
 rm -f "$LOG"
+# The commit the kit was made at: gpu_check.sh passes it to the records where .git does not travel.
+git describe --always --dirty --abbrev=12 >"$DIR/COMMIT" 2>/dev/null || rm -f "$DIR/COMMIT"
 
 TOTAL=0
 for wheel in "$DIR"/*.whl; do

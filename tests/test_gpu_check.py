@@ -400,10 +400,10 @@ def test_the_plan_fits_the_window_and_is_the_same_for_a_dry_run():
 def test_only_and_skip_plan_just_the_steps_named_with_wheels_summary_and_pack():
     only = plan_of({"DRY": "1", "ONLY": "graphs-8b"})
     assert only.returncode == 0, only.stderr
-    assert check_plan(only.stdout, ["wheels", "graphs-8b", "summary", "pack"]) == 295
+    assert check_plan(only.stdout, ["wheels", "graphs-8b", "summary", "pack"]) == 290
     assert "not run (ONLY/SKIP): preflight audit-fp32 audit-bf16 syncs concurrency-8b" in only.stdout
     skip = plan_of({"SKIP": "graphs-8b,concurrency-8b"})
-    assert check_plan(skip.stdout, [s for s in PLAN_STEPS if s not in ("graphs-8b", "concurrency-8b")]) == 155
+    assert check_plan(skip.stdout, [s for s in PLAN_STEPS if s not in ("graphs-8b", "concurrency-8b")]) == 150
 
 
 # A Python for gpu_check.sh whose steps stand in for the real ones (they print the command and end),
@@ -430,7 +430,7 @@ def test_only_runs_the_named_steps_and_a_preflight_cut_short_is_not_fatal_but_a_
     env = {**os.environ, "PY": str(fake), "DRY": "1", "DRY_SLACK": "0.04", "ONLY": "preflight,syncs",
            "PREFLIGHT": preflight, "RESULTS": str(results), "OUT": str(tmp_path / "out")}  # preflight: 2 s  # fmt: skip
     done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=120)
-    assert "plan: 5 steps, budgets sum to 105 s\nnot run (ONLY/SKIP): audit-fp32 audit-bf16 graphs-8b concurrency-8b\n" in done.stdout
+    assert "plan: 5 steps, budgets sum to 100 s\nnot run (ONLY/SKIP): audit-fp32 audit-bf16 graphs-8b concurrency-8b\n" in done.stdout
     ran = [line.split("\t") for line in (results / "steps.tsv").read_text().splitlines()]
     assert [row[0] for row in ran][:2] == ["wheels", "preflight"] and ran[1][2] == str(rc), ran
     assert (results / "plan.tsv").read_text().split()[::2] == ["wheels", "preflight", "syncs", "summary", "pack"]

@@ -1,11 +1,14 @@
 """The first GPU run, rehearsed on the CPU from an empty environment: a fresh venv gets, with
---no-index only, torch (the CPU wheel the Makefile installs), the packages the GPU image already
-holds that the check imports (tests/gpu_image_packages.txt, the image's published list), and the
-wheels scripts/gpu_wheels.sh downloads; nothing else. Then `DRY=1 WHEELS=... gpu_check.sh` runs
-with that venv's Python. A missing wheel or an import of a package the image lacks fails here,
-before a GPU minute is spent. Skipped only when the package index cannot be reached. This dry run
-is also tests/test_gpu_check.py's (the session fixture gpu_dry_run of tests/conftest.py), so the
-suite runs the check's dry run once."""
+--no-index only, torch (the CPU wheel the Makefile installs; PACKEDSS_REHEARSAL_TORCH names
+another, as scripts/gpu_rehearsal.sh does with the image's torch 2.11), the packages the GPU image
+already holds that the check imports (tests/gpu_image_packages.txt, the image's published list),
+the image's own transformers 5.17.0 and accelerate 1.15.0 beneath the kit, and the wheels
+scripts/gpu_wheels.sh downloads; nothing else. Then `DRY=1 WHEELS=... gpu_check.sh` runs with
+that venv's Python: the kit's transformers must shadow the image's (the preflight reports 5.24),
+and a missing wheel or an import of a package the image lacks fails here, before a GPU minute is
+spent. Skipped only when the package index cannot be reached. This dry run is also
+tests/test_gpu_check.py's (the session fixture gpu_dry_run of tests/conftest.py), so the suite
+runs the check's dry run once."""
 
 from __future__ import annotations
 
@@ -26,6 +29,9 @@ from packedss.paths import PROJECT_ROOT
 IMAGE_IMPORTS = ("numpy", "pandas", "scipy", "matplotlib", "tokenizers==0.23.2", "safetensors==0.8.0",
                  "huggingface-hub==1.33.0", "pyyaml", "tqdm", "regex", "typer", "psutil", "jinja2", "filelock",
                  "fsspec", "packaging")  # fmt: skip
+# The image's own releases of what the kit replaces or does not need, installed beneath the kit
+# (the image's transformers names the cache keyword `past_key_values`: the kit's must shadow it).
+IMAGE_SHADOWED = ("transformers==5.17.0", "accelerate==1.15.0")
 IMAGE_LIST = PROJECT_ROOT / "tests" / "gpu_image_packages.txt"
 
 
@@ -43,8 +49,9 @@ def image_packages() -> set[str]:
 
 
 def torch_spec() -> str:
-    """The torch the Makefile installs on a CPU machine (TORCH ?= ...)."""
-    return re.search(r"^TORCH \?= (\S+)", (PROJECT_ROOT / "Makefile").read_text(), re.M).group(1)
+    """The torch the Makefile installs on a CPU machine (TORCH ?= ...), or PACKEDSS_REHEARSAL_TORCH."""
+    return os.environ.get("PACKEDSS_REHEARSAL_TORCH") or re.search(
+        r"^TORCH \?= (\S+)", (PROJECT_ROOT / "Makefile").read_text(), re.M).group(1)  # fmt: skip
 
 
 def pip(python: str, *args: str, env: dict | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -69,7 +76,8 @@ def empty_environment(tmp_path: Path) -> tuple[str, dict] | str:
     # The image's packages for this machine's Python (downloaded with their needs), kept only when
     # the image holds them: a need it lacks must not be smuggled in.
     downloads, image = tmp_path / "downloads", tmp_path / "image"
-    fetched = pip(sys.executable, "download", "-q", "-d", str(downloads), torch_spec(), *IMAGE_IMPORTS)
+    fetched = pip(sys.executable, "download", "-q", "-d", str(downloads), torch_spec(), *IMAGE_IMPORTS, *IMAGE_SHADOWED,
+                  timeout=1800)  # fmt: skip
     assert fetched.returncode == 0, fetched.stderr[-2000:]
     image.mkdir()
     held = image_packages()
@@ -91,6 +99,10 @@ def empty_environment(tmp_path: Path) -> tuple[str, dict] | str:
                             capture_output=True, text=True, env=isolated, check=True)  # fmt: skip
     extra = {normalized(name) for name in json.loads(listed.stdout)} - held
     assert not extra, f"the venv holds packages the image does not: {sorted(extra)}"
+    shadowed = subprocess.run([python, "-c", "import importlib.metadata as m; "
+                               "print(m.version('transformers'), m.version('accelerate'))"],
+                              capture_output=True, text=True, env=isolated, check=True)  # fmt: skip
+    assert shadowed.stdout.split() == [spec.split("==")[1] for spec in IMAGE_SHADOWED], shadowed.stdout
     return python, {**isolated, "WHEELS": str(kit), "SITE": str(tmp_path / "site")}
 
 
@@ -100,5 +112,6 @@ def test_the_check_runs_from_an_empty_environment_with_only_the_image_and_the_wh
     if gpu_dry_run.unrehearsed:
         pytest.skip(gpu_dry_run.unrehearsed)
     versions = gpu_dry_run.report["steps"]["preflight"]["versions"]
-    assert versions["transformers"] == version("transformers") and versions["hydra-core"] == version("hydra-core")
-    assert versions["omegaconf"] == version("omegaconf")
+    # the venv holds the image's transformers 5.17.0; the kit's, on PYTHONPATH first, is the one imported
+    assert versions["transformers"] == version("transformers") and versions["transformers"].startswith("5.24")
+    assert versions["hydra-core"] == version("hydra-core") and versions["omegaconf"] == version("omegaconf")
