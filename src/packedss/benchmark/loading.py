@@ -4,14 +4,11 @@ compose for them, and the model it loads (or random weights of a shape with its 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
+from packedss.benchmark.settings import BenchSettings
 from packedss.families import family_named
-
-if TYPE_CHECKING:
-    from packedss.benchmark.schedules import BenchSettings
 
 
 def compose_run_config(overrides: list[str]):
