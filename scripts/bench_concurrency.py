@@ -22,6 +22,7 @@ largest C against C = 1 (1 would be host work that does not grow with C at all; 
 work that grows as C).
 
     python scripts/bench_concurrency.py --schedules linear,packed --concurrency 1,16,64
+    python scripts/bench_concurrency.py --schedules linear,packed --concurrency 1,16,64 --temperature 1
     python scripts/bench_concurrency.py --model tiny-set --schedules linear,packed --order ltr
 """
 
@@ -36,7 +37,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import torch  # noqa: E402
 
 from packedss.benchmark.schedules import BenchSettings, load  # noqa: E402
-from packedss.decoding import Sampling  # noqa: E402
+from packedss.decoding import VERIFY_RULES, Sampling, question_seed  # noqa: E402
 from packedss.decoding.engine import Request, decode_batched  # noqa: E402
 from packedss.errors import ArgumentParser, closest, number, numbers, run_cli  # noqa: E402
 from packedss.families import FAMILIES, family_named  # noqa: E402
@@ -89,6 +90,8 @@ def main(argv=None) -> int:
     ap.add_argument("--schedules", default="ar,linear,quadratic,packed", help="comma separated, of the model family's")
     ap.add_argument("--concurrency", type=numbers(1), default=[1, 16, 64], help="comma separated C, 1 among them")
     ap.add_argument("--order", default=None, choices=ORDERS, help="any-order models: the verification order (default ltr)")
+    ap.add_argument("--temperature", type=number(float, 0.0), default=0.0, help="T (0: greedy)")
+    ap.add_argument("--rule", default="rejection", choices=VERIFY_RULES, help="the verification rule at T > 0")
     ap.add_argument("--threads", type=number(int, 1), default=1, help="CPU intra-op threads")
     ap.add_argument("--repeats", type=number(int, 1), default=5, help="turns of every level; each keeps its least")
     args = ap.parse_args(argv)
@@ -121,20 +124,27 @@ def main(argv=None) -> int:
     model_cpu = ModelCPU()
     for model in (adapter, *executors.values()):
         model_cpu.wrap(model)
-    print(f"regime: {label}, {args.task}, {len(prompts)} questions, W={args.width}, greedy, eager calls, float32, "
+    sampled = "greedy" if args.temperature == 0 else f"T={args.temperature:g} ({args.rule})"
+    print(f"regime: {label}, {args.task}, {len(prompts)} questions, W={args.width}, {sampled}, eager calls, float32, "
           f"{torch.get_num_threads()} intra-op thread(s), cpu ({cpu_name()}, {os.cpu_count()} cores), "
           f"torch {torch.__version__}, {args.repeats} turns per level, load average {os.getloadavg()[0]:.1f} at the "
           "start")  # fmt: skip
 
     for schedule in schedules:
-        fields = {"schedule": schedule, "width": args.width, "max_new_tokens": task.max_new_tokens,
-                  "eos_token_ids": eos, "sampling": GREEDY}  # fmt: skip
-        settings = family.settings_type(**(fields | family.settings_fields(schedule, options, adapter.block_size)))
+        fields = {"schedule": schedule, "width": args.width, "max_new_tokens": task.max_new_tokens, "eos_token_ids": eos}
+        fields |= family.settings_fields(schedule, options, adapter.block_size)
+
+        def settings(k):
+            """Question k's settings: at T > 0 its own generator, seeded as the runner seeds it."""
+            if args.temperature == 0:
+                return family.settings_type(**fields, sampling=GREEDY)
+            generator = torch.Generator().manual_seed(question_seed(0, str(k)))
+            return family.settings_type(**fields, sampling=Sampling(args.temperature, args.rule, generator))
 
         def decode(ids_list, concurrency):
             if concurrency == 1:
-                return [family.decode(adapter, ids, settings, stop_check) for ids in ids_list]
-            requests = [Request(k, lambda model, ids=ids: family.response(model, ids, settings, stop_check))
+                return [family.decode(adapter, ids, settings(k), stop_check) for k, ids in enumerate(ids_list)]
+            requests = [Request(k, lambda model, k=k, ids=ids: family.response(model, ids, settings(k), stop_check))
                         for k, ids in enumerate(ids_list)]  # fmt: skip
             return [out for _, out in decode_batched(executors[concurrency], requests, concurrency)]
 

@@ -1,16 +1,17 @@
-"""The host steps of every request of a round at once (greedy decoding): a request's Host step
-(packedss.decoding.driver.Host) of `first_token`, `propose`, `verify` or `proposals_ahead` at T = 0
-runs here together with the same step of every other request, as tensor operations over all of
-their rows, not one request after another. Each batched form gives exactly what the function gives
-one request (argmax and top-2 are row by row), as Rows of the batch's results.
+"""The host steps of every request of a round at once: a request's Host step
+(packedss.decoding.driver.Host) of `first_token`, `propose`, `verify` or `proposals_ahead` runs
+here together with the same step of every other request, as tensor operations over all of their
+rows, not one request after another. Each batched form gives exactly what the function gives
+one request, as Rows of the batch's results: at T = 0 argmax and top-2 are row by row; at T > 0
+each request draws its uniforms from its own generator, as many and in the order the function
+draws them alone (packedss.decoding.verify.uniforms), and the softmax, the samples (inverse CDF)
+and the acceptance tests of every request run as one operation each.
 
 A batched step is `launch(args of each request, device) -> (read, finish)`: `read` is a long tensor
 to read back (None: nothing), and `finish(values)` turns the values read into each request's
 result. The engine reads back every step of a wave in one transfer, so a round synchronizes once.
-
-At T > 0 each request draws from its own generator, in its own order, so those steps run one
-request at a time (the engine calls the function itself) and every request's random stream stays
-the one it has alone.
+Requests whose steps sample at different temperatures or by different rules are different groups
+(`group_key`).
 """
 
 from __future__ import annotations
@@ -20,8 +21,18 @@ from collections.abc import Callable, Sequence
 import torch
 
 from packedss.decoding.driver import Proposals, proposals_ahead
-from packedss.decoding.rows import Rows, concatenated, ranges
-from packedss.decoding.verify import DecidedMargins, Emitted, first_token, near_tie_threshold, propose, verify
+from packedss.decoding.rows import Rows, concatenated, ranges, uploaded
+from packedss.decoding.verify import (
+    DecidedMargins,
+    Emitted,
+    first_token,
+    inverse_cdf,
+    near_tie_threshold,
+    probabilities,
+    propose,
+    uniforms,
+    verify,
+)
 
 Finish = Callable[[list[int]], list]
 
@@ -129,7 +140,20 @@ def _argmaxes(rows: Sequence, device: torch.device) -> tuple[torch.Tensor, list[
     return _Greedy(concatenated(rows, device)).tokens, _offsets([len(r) for r in rows])
 
 
+def _sampled(rows: Sequence, args: Sequence[tuple], counts: Sequence[int], device: torch.device):
+    """The probabilities of every row of `rows` at the steps' temperature and a sample of each, each
+    request's `counts[k]` uniforms drawn from its own generator (args[k]'s Sampling, last)."""
+    sampling = args[0][-1]
+    probs = probabilities(concatenated(rows, device), sampling.temperature)
+    drawn = [uniforms(count, a[-1].generator, device) for a, count in zip(args, counts)]
+    return probs, torch.cat(drawn) if drawn else probs.new_zeros(0)
+
+
 def _first_tokens(args: Sequence[tuple], device: torch.device) -> tuple[torch.Tensor, Finish]:
+    if not args[0][-1].greedy:
+        probs, uniform = _sampled([a[0] for a in args], args, [1] * len(args), device)
+        drawn = inverse_cdf(probs, uniform)
+        return drawn, lambda values: [Emitted([values[k]], Rows(drawn, k, k + 1)) for k in range(len(args))]
     tokens, (margin, near) = _greedy([a[0] for a in args], device)
     requests = len(args)
 
@@ -140,28 +164,50 @@ def _first_tokens(args: Sequence[tuple], device: torch.device) -> tuple[torch.Te
     return torch.cat([tokens, near]), finish
 
 
+def _drafted(args: Sequence[tuple], device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
+    """Each request's proposals from its draft rows (args[k][0]): the tokens of all of them, their
+    probabilities (None when greedy) and where each request's run starts."""
+    rows = [a[0] for a in args]
+    if args[0][-1].greedy:
+        tokens, starts = _argmaxes(rows, device)
+        return tokens, None, starts
+    counts = [len(r) for r in rows]
+    probs, uniform = _sampled(rows, args, counts, device)
+    return inverse_cdf(probs, uniform), probs, _offsets(counts)
+
+
 def _proposals(args: Sequence[tuple], device: torch.device) -> tuple[None, Finish]:
     counts = [len(a[0]) for a in args]
-    tokens, starts = _argmaxes([a[0] for a in args], device)
-    return None, lambda values: [(Rows(tokens, s, s + c), None) for s, c in zip(starts, counts)]
+    tokens, probs, starts = _drafted(args, device)
+    return None, lambda values: [(Rows(tokens, s, s + c), None if probs is None else Rows(probs, s, s + c))
+                                 for s, c in zip(starts, counts)]  # fmt: skip
+
+
+def _prefixes(accept: torch.Tensor, counts: Sequence[int], device: torch.device) -> torch.Tensor:
+    """Each request's accepted prefix: how many of its counts[k] tests (its run of `accept`) pass
+    before the first that fails, for every request from one cumulative product."""
+    requests, widest = len(counts), max(counts)
+    if not widest:
+        return torch.zeros(requests, dtype=torch.long, device=device)
+    grid = torch.zeros(requests * widest, dtype=torch.bool, device=device)
+    grid[ranges([k * widest for k in range(requests)], counts, device)] = accept
+    return grid.view(requests, widest).to(torch.long).cumprod(dim=1).sum(dim=1)
 
 
 def _verifications(args: Sequence[tuple], device: torch.device) -> tuple[torch.Tensor, Finish]:
-    """Greedy `verify` of each request's m drafts with its m + 1 verifier rows: the accepted prefix h
-    of every request from one comparison over all of their drafts. Read back: every h, then every
-    verifier row's token, then its near-tie flag."""
+    """`verify` of each request's m drafts with its m + 1 verifier rows: the accepted prefix h of
+    every request from one comparison over all of their drafts. Greedy, read back: every h, then
+    every verifier row's token, then its near-tie flag."""
+    sampling = args[0][-1]
+    if not sampling.greedy:
+        return (_matched if sampling.rule == "match" else _rejected)(args, device)
     drafts = [a[1] for a in args]
     counts = [len(d) for d in drafts]
-    requests, widest = len(args), max(counts)
+    requests = len(args)
     verified, (margin, near) = _greedy([a[0] for a in args], device)
     starts = _offsets([c + 1 for c in counts])
-    if widest:
-        agree = verified.index_select(0, ranges(starts, counts, device)) == concatenated(drafts, device)
-        grid = torch.zeros(requests * widest, dtype=torch.bool, device=device)
-        grid[ranges([k * widest for k in range(requests)], counts, device)] = agree
-        accepted = grid.view(requests, widest).to(torch.long).cumprod(dim=1).sum(dim=1)
-    else:
-        accepted = torch.zeros(requests, dtype=torch.long, device=device)
+    agree = verified.index_select(0, ranges(starts, counts, device)) == concatenated(drafts, device)
+    accepted = _prefixes(agree, counts, device)
     flags = requests + verified.shape[0]  # where the flags start among the values read
 
     def finish(values: list[int]) -> list:
@@ -173,6 +219,66 @@ def _verifications(args: Sequence[tuple], device: torch.device) -> tuple[torch.T
         return out
 
     return torch.cat([accepted, verified, near]), finish
+
+
+def _matched(args: Sequence[tuple], device: torch.device) -> tuple[torch.Tensor, Finish]:
+    """`verify` by `match` for every request: a sample of each verifier row, each request's m + 1
+    uniforms its own; the drafts accepted while they equal the samples. Read back: every h, then
+    every sample."""
+    drafts = [a[1] for a in args]
+    counts = [len(d) for d in drafts]
+    starts = _offsets([c + 1 for c in counts])
+    probs, uniform = _sampled([a[0] for a in args], args, [c + 1 for c in counts], device)
+    drawn = inverse_cdf(probs, uniform)
+    accepted = _prefixes(drawn.index_select(0, ranges(starts, counts, device)) == concatenated(drafts, device), counts, device)
+    requests = len(args)
+
+    def finish(values: list[int]) -> list:
+        out = []
+        for k, start in enumerate(starts):
+            end = start + values[k] + 1
+            out.append(Emitted(values[requests + start : requests + end], Rows(drawn, end - 1, end)))
+        return out
+
+    return torch.cat([accepted, drawn]), finish
+
+
+def _rejected(args: Sequence[tuple], device: torch.device) -> tuple[torch.Tensor, Finish]:
+    """`verify` by `rejection` for every request: draft i accepted when u_i q_i(d_i) < p_i(d_i),
+    then the correction from norm(max(0, p_h - q_h)) or the bonus from p_m, every request's tests
+    and draws at once, each request's m + 1 uniforms its own (its m tests', then its draw's). Read
+    back: every h, every draft, every last token."""
+    drafts, draft_probs = [a[1] for a in args], [a[2] for a in args]
+    counts = [len(d) for d in drafts]
+    requests, verifying = len(args), sum(counts)
+    starts = _offsets([c + 1 for c in counts])
+    p, uniform = _sampled([a[0] for a in args], args, [c + 1 for c in counts], device)
+    tested = ranges(starts, counts, device)
+    tokens = concatenated(drafts, device)
+    q = concatenated(draft_probs, device) if verifying else p.new_zeros((0, p.shape[1]))
+    p_draft = p.index_select(0, tested).gather(1, tokens[:, None])[:, 0]
+    q_draft = q.gather(1, tokens[:, None])[:, 0]
+    h = _prefixes(uniform.index_select(0, tested) * q_draft < p_draft, counts, device)
+    # Row h of each request's [q; 0]: its residual on a rejection, p_m itself for the bonus.
+    host = uploaded([*starts, *_offsets(counts), *counts], device).view(3, -1)
+    p_h = p.index_select(0, host[0] + h)
+    q_ext = torch.cat([q, p.new_zeros((1, p.shape[1]))])
+    q_h = q_ext.index_select(0, torch.where(h < host[2], host[1] + h, verifying))
+    residual = (p_h - q_h).clamp_(min=0)
+    mass = residual.sum(dim=-1, keepdim=True)
+    residual = torch.where(mass > 0, residual / mass.clamp(min=torch.finfo(p.dtype).tiny), p_h)
+    last = inverse_cdf(residual, uniform.index_select(0, host[0] + host[2]))
+    firsts = _offsets(counts)
+
+    def finish(values: list[int]) -> list:
+        out = []
+        for k, (first, count) in enumerate(zip(firsts, counts)):
+            accepted = values[k]
+            kept = values[requests + first : requests + first + accepted]
+            out.append(Emitted(kept + [values[requests + verifying + k]], Rows(last, k, k + 1)))
+        return out
+
+    return torch.cat([h, tokens, last]), finish
 
 
 def _resolved_first(positions, resolved) -> int | None:
@@ -187,22 +293,27 @@ def _resolved_first(positions, resolved) -> int | None:
 
 def _proposals_ahead(args: Sequence[tuple], device: torch.device) -> tuple[None, Finish]:
     counts = [len(a[0]) for a in args]
-    tokens, starts = _argmaxes([a[0] for a in args], device)
+    tokens, probs, starts = _drafted(args, device)
+
+    def kept(source: torch.Tensor | None, start: int, count: int, keep: list[int]):
+        """Rows start + keep of `source`: Rows when they are a suffix (always so left to right)."""
+        if source is None:
+            return None
+        first = keep[0] if keep else count
+        if keep == list(range(first, count)):
+            return Rows(source, start + first, start + count)
+        return source[start : start + count][torch.tensor(keep, dtype=torch.long, device=device)]
 
     def finish(values: list[int]) -> list:
         out = []
         for (rows, positions, resolved, _), start, count in zip(args, starts, counts):
             first = _resolved_first(positions, resolved)
             if first is not None:
-                out.append(Proposals(list(positions[first:]), Rows(tokens, start + first, start + count), None))
+                probs_kept = None if probs is None else Rows(probs, start + first, start + count)
+                out.append(Proposals(list(positions[first:]), Rows(tokens, start + first, start + count), probs_kept))
                 continue
             keep = [k for k, position in enumerate(positions) if position not in resolved]
-            first = keep[0] if keep else count
-            if keep == list(range(first, count)):  # a suffix (always so left to right)
-                kept = Rows(tokens, start + first, start + count)
-            else:
-                kept = tokens[start:start + count][torch.tensor(keep, dtype=torch.long, device=device)]
-            out.append(Proposals([positions[k] for k in keep], kept, None))
+            out.append(Proposals([positions[k] for k in keep], kept(tokens, start, count, keep), kept(probs, start, count, keep)))
         return out
 
     return None, finish
@@ -212,7 +323,11 @@ BATCHED = {first_token: _first_tokens, propose: _proposals, verify: _verificatio
 
 
 def batched_form(fn, args: tuple):
-    """The batched form of the Host step `fn(*args)`, or None where it runs alone (T > 0, or a
-    function without one). Every function of BATCHED takes its Sampling last."""
+    """The batched form of the Host step `fn(*args)` and the key of its group (steps that can run
+    together), or None where it runs alone (a function without one). Every function of BATCHED
+    takes its Sampling last."""
     launch = BATCHED.get(fn)
-    return launch if launch is not None and args[-1].greedy else None
+    if launch is None:
+        return None
+    sampling = args[-1]
+    return launch, sampling.temperature, sampling.rule

@@ -27,7 +27,7 @@ from packedss.decoding.queried import _queries, _QueriedAR, _QueriedLinear, _Que
 from packedss.decoding.rows import uploaded
 from packedss.decoding.schedules import _mask_tokens
 from packedss.decoding.trace import StopCheck
-from packedss.decoding.verify import probabilities, sample_tokens
+from packedss.decoding.verify import exponential_race, probabilities
 
 
 # ---- block diffusion: aligned blocks of B tokens ----
@@ -91,7 +91,7 @@ def denoised(logits: torch.Tensor, temperature: float, generator,
     """Each row's token (argmax at T = 0, else a sample), its probability, and the rows'
     distributions (`distributions`)."""
     probs = distributions(logits, temperature, mask_token_id)
-    tokens = probs.argmax(dim=-1) if temperature == 0 else sample_tokens(probs, generator)
+    tokens = probs.argmax(dim=-1) if temperature == 0 else exponential_race(probs, generator)
     return tokens, probs.gather(-1, tokens[:, None])[:, 0], probs
 
 
@@ -277,7 +277,7 @@ class _S2D2(_BlockDiffusion):
         if accepted < len(rows):
             residual = (q[accepted] - p[accepted]).clamp(min=0)
             residual = residual if float(residual.sum()) > 0 else q[accepted]
-            resolved[accepted] = sample_tokens(residual[None, :], sampling.generator)[0]
+            resolved[accepted] = exponential_race(residual[None, :], sampling.generator)[0]
             resolved = resolved[: accepted + 1]
         update = rows[: len(resolved)]
         self.tokens = self.tokens.clone()

@@ -172,13 +172,13 @@ class _Engine:
         groups: dict[Any, list[_Slot]] = {}
         for slot in slots:
             op = slot.op
-            launch = batched_form(op.fn, op.args)
-            if launch is None:
+            group = batched_form(op.fn, op.args)
+            if group is None:
                 self.advance(slot, op.fn(*map(materialized, op.args)))
             else:
-                groups.setdefault(launch, []).append(slot)
+                groups.setdefault(group, []).append(slot)
         launched, reads = [], []
-        for launch, members in groups.items():
+        for (launch, *_), members in groups.items():
             read, finish = launch([slot.op.args for slot in members], self.executor.device)
             launched.append((members, finish, 0 if read is None else len(read)))
             if read is not None:

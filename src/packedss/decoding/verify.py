@@ -7,9 +7,14 @@ once (its `.tolist()` of the accepted length and tokens); drafting and sampling 
 - `match`: sample v_i ~ p_i, accept while v_i == d_i, emit the v's.
 Both sampling rules preserve the verifier's distribution p exactly.
 
-Sampling is the exponential race: argmax_i p_i / E_i with E_i ~ Exp(1) drawn from the response's
-generator picks i with probability p_i / sum(p), exactly as a categorical draw, but without
-`torch.multinomial`'s checks of its input, which read the device back (two syncs per draw on CUDA).
+Sampling is by the inverse CDF: row i's token is the first whose cumulative probability (float64)
+exceeds u_i times the row's total, u_i a float32 uniform of the response's own generator (one per
+row: `uniforms`). It picks token j with probability p_j / sum(p) to the uniform's resolution of
+2^-24, never a zero-probability token, and needs one random number per row (the exponential race
+it replaced drew one per vocabulary entry), so a batch (packedss.decoding.batched_ops) draws every
+request's uniforms from its own generator and samples every row of a round in one operation.
+Nothing reads the device back (`torch.multinomial` checks its input, two syncs per draw on CUDA).
+SAMPLER names this rule in the records' code version (docs/records.md).
 
 Near-ties (docs/records.md): at T = 0 every emitted token is the argmax of one verifier row; where
 that row's top-2 logit margin is within NEAR_TIE_ULPS units in the last place of the logits' dtype
@@ -48,8 +53,31 @@ def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.softmax(logits / temperature, dim=-1)
 
 
+SAMPLER = "inverse-cdf"  # how a sampled token is drawn (module docstring)
+
+
+def uniforms(count: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
+    """`count` float32 uniforms in [0, 1) of `generator`'s stream: one per row a draw samples."""
+    return torch.rand(count, generator=generator, device=device)
+
+
+def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
+    """Row i's token: the first whose cumulative probability exceeds uniform[i] x the row's total
+    (in float64, where uniform[i] <= 1 - 2^-24 keeps the target below the total)."""
+    cdf = probs.double().cumsum(dim=-1)
+    target = uniform.double() * cdf[:, -1]
+    return torch.searchsorted(cdf, target[:, None], right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)
+
+
 def sample_tokens(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One sample per row of a (R, V) matrix of probabilities (rows need not sum to 1)."""
+    return inverse_cdf(probs, uniforms(probs.shape[0], generator, probs.device))
+
+
+def exponential_race(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One sample per row as argmax_i p_i / E_i, E_i ~ Exp(1) from `generator`: one draw per
+    vocabulary entry. The SDAR block-diffusion schedules' sampler (packedss.decoding.blockdiff),
+    which run request by request, so their records keep the stream they were made with."""
     race = torch.empty_like(probs).exponential_(generator=generator)
     # An Exp(1) draw of exactly 0 (probability below 1e-38) would make 0/0 for a zero probability.
     race.clamp_(min=torch.finfo(race.dtype).tiny)
@@ -113,7 +141,9 @@ def verify(
     gives the bonus). Returns the emitted tokens: the h accepted drafts and one more token
     (correction or bonus), so 1 <= len <= m+1, as an `Emitted` list. The one host-device
     synchronization is the read-back of the accepted length and tokens (`.tolist()`); at T > 0
-    the draws use the exponential race (`sample_tokens`), which reads nothing back."""
+    the draws (`sample_tokens`) read nothing back. Each verification draws m + 1 uniforms of the
+    response's generator at once: `match` one per verifier row, `rejection` one per draft's test
+    and one for the correction or bonus."""
     m = drafts.shape[0]
     if sampling.greedy:
         verified = verifier_logits.argmax(dim=-1)
@@ -131,15 +161,15 @@ def verify(
     rows = torch.arange(m, device=drafts.device)
     p_draft = p[rows, drafts]
     q_draft = draft_probs[rows, drafts]
-    uniform = torch.rand(m, generator=sampling.generator, device=p.device, dtype=p.dtype)
-    h = _accepted_prefix(uniform * q_draft < p_draft)
+    uniform = uniforms(m + 1, sampling.generator, p.device)
+    h = _accepted_prefix(uniform[:m] * q_draft < p_draft)
     # Row h of [q; 0]: the residual norm(max(0, p_h - q_h)) on rejection, p_m itself for the bonus.
     q_ext = torch.cat([draft_probs, torch.zeros_like(p[:1])])
     p_h = p.index_select(0, h.view(1))
     residual = (p_h - q_ext.index_select(0, h.view(1))).clamp_(min=0)
     mass = residual.sum(dim=-1, keepdim=True)
     residual = torch.where(mass > 0, residual / mass.clamp(min=torch.finfo(p.dtype).tiny), p_h)
-    last = sample_tokens(residual, sampling.generator)
+    last = inverse_cdf(residual, uniform[m:])
     out = torch.cat([h.view(1), drafts, last]).tolist()
     h_int = out[0]
     return Emitted(out[1 : 1 + h_int] + [out[-1]], last)
