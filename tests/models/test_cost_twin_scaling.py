@@ -106,3 +106,15 @@ def test_a_run_with_a_cost_twin_records_its_row_scaling_and_the_regime_note_name
             f"(memory-bound: at most {MEMORY_BOUND_RATIO:g}x).")  # fmt: skip
     assert note.startswith("Measured in: eager, float32, 1 thread, cpu, cost:test:2L:float32:cpu")
     assert note.endswith(said) is warned and ("memory-bound" in note) is warned
+
+
+@pytest.mark.skipif(not (TINY / "config.json").is_file(), reason="the shipped tiny model is absent")
+def test_the_schedule_benchmarks_header_gives_its_twins_row_scaling_per_width(monkeypatch, capsys):
+    from packedss.benchmark.schedules import BenchSettings, run
+
+    monkeypatch.setattr(cost_twin, "charged_seconds", _timed_by_rows(2.0))  # 9 rows: 1 s, 18 rows: 2 s, else 0.5 s
+    report = run(BenchSettings(model="tiny", limit=2, warmup=1, schedules=["linear"], widths=[2, 8], max_new_tokens=6,
+                               grade=False, n_resamples=50, stream_mib=1, cost_shape="test"))  # fmt: skip
+    assert report.header.endswith(f" 2B/B-row calls: W=2 1.00x, W=8 2.00x (memory-bound: at most {MEMORY_BOUND_RATIO:g}x)")
+    warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: cost twin")]
+    assert len(warnings) == 1 and "a call of 18 rows took 2.00x a call of 9 rows" in warnings[0]

@@ -30,7 +30,9 @@ zero-cost model; best of 5).
 
 With `cost_shape` set (a cost twin, packedss.models.cost_twin), every decode also runs with a
 cost model of that shape, whose time per call is the model time: the rows `cost:<label>` hold the
-very same decodes (outputs, NFE, acceptance) timed as a decoder driving the cost model would be.
+very same decodes (outputs, NFE, acceptance) timed as a decoder driving the cost model would be;
+after the warm-up the header gets the twin's 2B/B-row call ratio at each width
+(cost_twin.row_scaling_summary), with a warning line where it is above the memory-bound regime's.
 Every regime's timing model also gets its weight-streaming floor (one-row products over weight
 matrices of its shapes and dtype, past the cache; packedss.benchmark.calls.Stream), timed once per
 question between the decodes: Floor ms/call, and Floor / call (%) the fraction achieved. For each
@@ -64,6 +66,7 @@ from packedss.benchmark.settings import BenchSettings
 from packedss.decoding.driver import run_alone
 from packedss.families import family_named
 from packedss.job import ResolvedJob, job_spec
+from packedss.models.cost_twin import row_scaling_summary
 from packedss.records import output_hash
 from packedss.runner import JobResources, Weights, job_resources, prepare_process
 from packedss.tasks.stops import output_text
@@ -263,6 +266,7 @@ def run(s: BenchSettings) -> Report:
               f"elapsed={time.perf_counter() - started:.0f}s torch={torch.__version__} date={time.strftime('%Y-%m-%d')}")  # fmt: skip
     if cost is not None:
         header += f" cost twin={cost.label} ({cost.size} parameters, random weights)"
+        header += row_scaling_summary(weights.cost_models[cost.label], cost.label, s.widths)
     return Report(header, table, rows, compile_s, floors, checks, None if cost is None else cost.label)
 
 

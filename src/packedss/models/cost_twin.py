@@ -379,3 +379,16 @@ def row_scaling_fields(model, rows: int, timer: Callable | None = None) -> dict:
     if warning:
         print(warning, file=sys.stderr, flush=True)
     return scaling.record_fields()
+
+
+def row_scaling_summary(cost, label: str, widths: list[int], timer: Callable | None = None) -> str:
+    """' 2B/B-row calls: W=8 1.11x, ...' of a cost model at each width (B = W + 1), each warning line
+    (RowScaling.warning) printed on stderr: what a benchmark's header says of its twin."""
+    parts = []
+    for width in widths:
+        scaling = row_scaling(cost, width + 1, timer)
+        warning = scaling.warning(label)
+        if warning:
+            print(warning, file=sys.stderr, flush=True)
+        parts.append(f"W={width} {scaling.ratio:.2f}x")
+    return f" 2B/B-row calls: {', '.join(parts)} (memory-bound: at most {MEMORY_BOUND_RATIO:g}x)"
