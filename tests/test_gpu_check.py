@@ -320,11 +320,35 @@ StaticCalls = __import__("packedss.models.static", fromlist=["StaticCalls"]).Sta
 FILL, RUN_COMPILED = StaticInputs.fill, StaticCalls._run_compiled
 
 
+def test_the_calls_step_runs_under_the_runners_exact_reductions(tmp_path, monkeypatch):
+    class Built(Exception):
+        pass
+
+    def reductions_then_stop(*args, **kwargs):  # the model is built after the settings: read them then
+        raise Built(torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction)
+
+    monkeypatch.setitem(gpu_calls["main"].__globals__, "random_adapter", reductions_then_stop)
+    matmul = torch.backends.cuda.matmul
+    before = (torch.get_float32_matmul_precision(), matmul.allow_bf16_reduced_precision_reduction)
+    torch.set_float32_matmul_precision("high")
+    matmul.allow_bf16_reduced_precision_reduction = True
+    try:
+        with pytest.raises(Built) as built:
+            gpu_calls["main"](["--shape", "test", "--device", "cpu", "--json", str(tmp_path / "g.json")])
+        assert built.value.args == ("highest", False)
+    finally:
+        torch.set_float32_matmul_precision(before[0])
+        matmul.allow_bf16_reduced_precision_reduction = before[1]
+
+
 def stale_input(self, committed, tokens, positions, bias):
-    """_Inputs.fill whose token buffer keeps the last call's tokens: the graph reads stale ones."""
+    """_Inputs.fill whose token buffer keeps the tokens of its first call (those the graph was
+    compiled and warmed with): every later call of the graph reads them, stale."""
     old = self.tokens.clone()
     filled = FILL(self, committed, tokens, positions, bias)
-    self.tokens.copy_(old)
+    if getattr(self, "warmed", False):
+        self.tokens.copy_(old)
+    self.warmed = True
     return filled
 
 
