@@ -124,14 +124,15 @@ def regrade_file(path: str | Path, data_dir: Optional[str] = None, workers: Opti
             grades = task.grade_many([(q, r["output_text"] or "") for _, r, q in pending], workers=workers)
             for (number, record, _), grade in zip(pending, grades):
                 replaced[number] = {**record, **grade.record_fields(task.cfg.grader)}
-                count(counts, grade)
+                add_grade(counts, grade)
         return replaced
 
     rewrite_records(path, update)
     return counts
 
 
-def count(counts: dict, grade) -> None:
+def add_grade(counts: dict, grade) -> None:
+    """One re-graded record in a file's counts."""
     counts["graded"] += 1
     counts["correct"] += bool(grade.correct)
     counts["scored"] += grade.correct is not None
