@@ -320,7 +320,8 @@ def summarize(results: Path, cuda: bool) -> Checks:
                "steps_not_run": left_out, "partial": bool(left_out), "plan": plan, "checks": checks.items,
                "failed": checks.failed, "steps": steps}  # fmt: skip
     (results / "gpu_check.json").write_text(json.dumps(summary, indent=1) + "\n")
-    text = [f"# gpu_check {date}" + (" (a partial run)" if left_out else ""), "", ran, "", *steps_table(plan), "",
+    code = f"code: packedss {summary['commit'] or 'at an unknown commit (no .git, no PACKEDSS_COMMIT)'}"
+    text = [f"# gpu_check {date}" + (" (a partial run)" if left_out else ""), "", ran, code, "", *steps_table(plan), "",
             *checks.lines]  # fmt: skip
     (results / "summary.md").write_text("\n".join(text) + "\n")
     return checks

@@ -213,6 +213,8 @@ def test_a_partial_run_says_which_steps_ran_and_skips_the_checks_of_the_others(t
     text = (tmp_path / "summary.md").read_text()
     assert "(a partial run)" in text.splitlines()[0]
     assert "steps run: wheels, graphs-8b, summary, pack; not run (ONLY/SKIP): preflight, audit-fp32" in text
+    assert ("code: packedss " + os.environ["PACKEDSS_COMMIT"]) in text if os.environ.get("PACKEDSS_COMMIT") else (
+        "code: packedss at an unknown commit" in text)  # fmt: skip
     (tmp_path / "plan.tsv").unlink()  # no plan: every step was planned
     assert judge(tmp_path, {})["syncs"]["status"] == "FAIL"
     assert json.loads((tmp_path / "gpu_check.json").read_text())["partial"] is False
