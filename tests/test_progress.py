@@ -152,9 +152,10 @@ def test_a_job_preparing_gives_lines_until_its_responses_are_counted():
         heartbeat.tick()
         clock.now += 45
         heartbeat.tick()
-        PlainProgress(2, "tiny/arith/packed W=8", log, clock=clock, timer=False)  # takes over
+        responses = PlainProgress(2, "tiny/arith/packed W=8", log, clock=clock, timer=False)  # takes over
         clock.now += 60
         heartbeat.tick()
+    responses.tick()  # the job ended without closing it (a signal, an error): its lines end with the job
     assert log.getvalue().splitlines() == [
         "tiny/arith/packed: preparing (model, data, warm-up), 30 s so far",
         "tiny/arith/packed: preparing (model, data, warm-up), 1 min 15 s so far",

@@ -84,7 +84,7 @@ class PlainProgress:
     def __init__(self, total: int, desc: str, file: IO[str], interval_s: float = LINE_INTERVAL_S,
                  clock: Callable[[], float] = time.monotonic, timer: bool = True):  # fmt: skip
         if JobHeartbeat.current is not None:
-            JobHeartbeat.current.stop()  # these lines take over
+            JobHeartbeat.current.hand_over(self)  # these lines take over
         self.total, self.desc, self.file, self.interval_s, self.clock = total, desc, file, interval_s, clock
         self.started = self.last_line = clock()
         self.done = 0
@@ -106,8 +106,8 @@ class PlainProgress:
             self.postfix = ", ".join(f"{key} {value}" for key, value in values.items())
 
     def tick(self) -> None:
-        """A line when `interval_s` have passed since the last one."""
-        if self.clock() - self.last_line >= self.interval_s:
+        """A line when `interval_s` have passed since the last one (none once closed or its job ended)."""
+        if not self.stopped.is_set() and self.clock() - self.last_line >= self.interval_s:
             self.line()
 
     def line(self) -> None:
@@ -148,6 +148,7 @@ class JobHeartbeat:
         self.started = self.last_line = clock()
         self.stopped = threading.Event()
         self.thread: Optional[threading.Thread] = None
+        self.successors: list[PlainProgress] = []
 
     def __enter__(self) -> JobHeartbeat:
         if self.enabled:
@@ -158,9 +159,17 @@ class JobHeartbeat:
         return self
 
     def __exit__(self, *exc) -> None:
+        """The job ended (or raised: a signal, an error, whose line must be the last): no more lines."""
         self.stop()
+        for progress in self.successors:
+            progress.stopped.set()
         if self.thread is not None and self.thread is not threading.current_thread():
             self.thread.join()
+
+    def hand_over(self, progress: PlainProgress) -> None:
+        """The job's responses are counted now: `progress` gives the lines until the job ends."""
+        self.stop()
+        self.successors.append(progress)
 
     def stop(self) -> None:
         self.stopped.set()
