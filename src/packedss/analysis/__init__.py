@@ -248,15 +248,15 @@ def write_tables(results: Results, outputs: Outputs, out: Path, compare_paper: b
             write_measured_table(results, table, outputs.named_tables, out)
 
 
-def write_figures(results: Results, outputs: Outputs, out: Path, profiles: list[dict] | None = None) -> list:
+def write_figures(results: Results, outputs: Outputs, out: Path, profiles: list[dict] | None = None) -> None:
     """Draw and write each figure under `out/figures` (PNG, PDF, and its numbers as CSV with the
-    regime column); by default a figure with no data is not drawn, and its earlier files are
-    removed. Returns the figures written (their notes, their data)."""
+    regime column); by default a figure with no data is not written, and its earlier files are
+    removed."""
     import matplotlib.pyplot as plt
 
     from packedss.analysis.figures import FIGURE_SUFFIXES, make_figure, write_figure
 
-    column, drawn = measured_in(results), []
+    column = measured_in(results)
     for key in outputs.figures:
         figure = make_figure(key, results.comparisons, profiles, results.loaded.frame)
         if figure.data.empty and not outputs.named_figures:
@@ -266,8 +266,6 @@ def write_figures(results: Results, outputs: Outputs, out: Path, profiles: list[
             continue
         figure.data = figure.data.assign(measured_in=column)
         results.written += write_figure(figure, out / "figures")
-        drawn.append(figure)
-    return drawn
 
 
 def write_analysis(results: Results, out: str | Path, tables=None, figures=None, compare_paper: bool = False) -> Results:
