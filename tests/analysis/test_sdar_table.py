@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY_SDAR = ROOT / "assets" / "models" / "tiny-sdar"
 N = 199  # bootstrap resamples
 WIDTH = 3
-SCHEDULES = FAMILIES["sdar"].schedules  # ar, linear, packed, sdar-native, s2d2, s2d2-always
+SCHEDULES = FAMILIES["sdar"].schedules  # ar, linear, packed, sdar-native, s2d2, s2d2-always, pld
 LOSSY = {"sdar-native", "s2d2", "s2d2-always"}
 MODELS = ("sdar8b", "sdar4b")
 TASKS = ("gsm8k", "arith")
@@ -41,7 +41,7 @@ QUESTIONS = 10
 # Tokens per iteration and seconds per call of each schedule; sdar4b's calls are half as dear, so
 # a comparison with the other model's AR run gives other ratios.
 PROFILE = {"ar": (1, 0.010), "linear": (4, 0.012), "packed": (3, 0.013), "sdar-native": (2, 0.010),
-           "s2d2": (4, 0.011), "s2d2-always": (4, 0.012)}  # fmt: skip
+           "s2d2": (4, 0.011), "s2d2-always": (4, 0.012), "pld": (2, 0.011)}  # fmt: skip
 TWIN = "sdar8b:4L:bfloat16:cpu"
 
 
@@ -134,7 +134,7 @@ def test_the_table_has_a_row_per_model_task_schedule_and_w(table):
                 for t in ("GSM8K", "Arith") for s in SCHEDULES}  # fmt: skip
     assert set(zip(data["Model"], data["Task"], data["Method"])) == expected and len(data) == len(expected)
     assert list(data.loc[(data["Model"] == "SDAR 4B") & (data["Task"] == "GSM8K"), "Method"]) == [
-        "AR", "Linear-SS", "Packed-SS", "SDAR native", "S2D2", "S2D2 (always verify)"]  # fmt: skip
+        "AR", "Linear-SS", "Packed-SS", "PLD", "SDAR native", "S2D2", "S2D2 (always verify)"]  # fmt: skip
     assert set(data.loc[data["Method"] == "AR", "W"]) == {"-"} and set(data.loc[data["Method"] == "AR", "B"]) == {"-"}
     others = data[data["Method"] != "AR"]
     assert set(others["W"]) == {WIDTH} and set(others["B"]) == {WIDTH + 1}

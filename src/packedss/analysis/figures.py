@@ -51,6 +51,7 @@ from packedss.analysis.metrics import (  # noqa: E402
     task_rank,
 )
 from packedss.analysis.select import NEMOTRON, SETDLM  # noqa: E402
+from packedss.analysis.specbench import FIGURE as SPECBENCH_FIGURE, speedup_figure  # noqa: E402
 
 FIGURE5_TASKS = ("gsm8k", "math500")
 
@@ -342,6 +343,8 @@ def make_figure(number: int | str, comparisons: Comparisons, profiles: list[dict
         return ratio_figure(4, comparisons, positive=True)
     if number == 5:
         return timing_figure(comparisons.pq)
+    if number == SPECBENCH_FIGURE:
+        return Figure(number, *speedup_figure(comparisons))
     raise ValueError(f"no figure {number}; figures are {', '.join(map(str, FIGURES))}")
 
 
@@ -359,4 +362,4 @@ def write_figure(figure: Figure, directory: Path) -> list[Path]:
     return paths
 
 
-FIGURES = (3, 4, 5, "A1", "A2", CONCURRENCY_FIGURE)
+FIGURES = (3, 4, 5, "A1", "A2", CONCURRENCY_FIGURE, SPECBENCH_FIGURE)

@@ -36,6 +36,7 @@ SCHEDULE_LABELS = {
     "sdar-native": "SDAR native",
     "s2d2": "S2D2",
     "s2d2-always": "S2D2 (always verify)",
+    "pld": "PLD",
 }
 # One colour per schedule, used by every figure (OTHER_COLOUR for a schedule without one).
 SCHEDULE_COLOURS = {
@@ -47,6 +48,7 @@ SCHEDULE_COLOURS = {
     "sdar-native": "#9467bd",
     "s2d2": "#d62728",
     "s2d2-always": "#e377c2",
+    "pld": "#17becf",
 }
 OTHER_COLOUR = "#555555"
 MODEL_LABELS = {
@@ -68,9 +70,10 @@ TASK_LABELS = {
     "mbpp": "MBPP",
     "humaneval": "HumanEval",
     "writingbench": "WritingBench",
+    "specbench": "Spec-Bench",
     "arith": "Arith",
 }
-TASK_ORDER = ("mbpp", "humaneval", "gsm8k", "math500", "writingbench", "arith")
+TASK_ORDER = ("mbpp", "humaneval", "gsm8k", "math500", "writingbench", "specbench", "arith")
 ORDER_LABELS = {"ltr": "LTR", "confidence": "Confidence"}
 
 ABSOLUTE_COLUMNS = ("Tokens/s", "Tokens/NFE", "Time/NFE (ms)", "Accuracy (%)", "Tokens", "Wall (s)", "NFE")

@@ -1,4 +1,4 @@
-"""The paper's appendix tables 2-13 and the SDAR table (`sdar`, ours): which function makes each,
+"""The paper's appendix tables 2-13, the SDAR table (`sdar`, ours) and Spec-Bench's leaderboard (`specbench`): which function makes each,
 what records it reads, and the experiment preset that produces them. The table model is
 `table.py`, the row selection `select.py`, the definitions `measured_tables.py` (runs, 2-9) and
 `paired_tables.py` (10-13, sdar)."""
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from packedss.analysis import concurrency
 from packedss.analysis.measured_tables import table2, table3, table4, table5, table6, table7, table8, table9
 from packedss.analysis.paired_tables import sdar_table, table10, table11, table12, table13
+from packedss.analysis.specbench import specbench_table
 from packedss.analysis.table import Table
 
 
@@ -41,4 +42,5 @@ TABLES: dict[int | str, TableSpec] = {
     12: TableSpec(table12, "nemotron, T=0: packed with linear and quadratic", "table12"),
     13: TableSpec(table13, "nemotron, T>0: packed with linear and quadratic", "table13"),
     "sdar": TableSpec(sdar_table, "sdar, lora=false: every schedule, each against AR of its model and task", "sdar"),
+    "specbench": TableSpec(specbench_table, "task=specbench, lora=false: every schedule against AR of its model", "specbench"),
 }
