@@ -75,6 +75,23 @@ reproduce-sdar: $(STAMP)
 	$(PY) run.py -m $(SDAR_SWEEP)
 	$(PY) -m packedss.analysis $(RESULTS)/sdar --tables sdar $(ANALYSIS_FLAGS)
 
+# Spec-Bench's leaderboard (docs/analysis.md §5.2, docs/reproducing.md): the `specbench` preset
+# (Nemotron 3B and 8B, AR/PLD/Linear-SS/Packed-SS, cap 1,024), or with MODEL=tiny the
+# `specbench-tiny` preset (2 questions of each category, cap 64), then `--tables specbench
+# --figures SB` of RESULTS/specbench. LIMIT, OVERRIDES, DATA_DIR, RESULTS and ANALYSIS_FLAGS as for
+# reproduce-tableN (scripts/reproduce.mk); another MODEL replaces the preset's two models.
+SPECBENCH_TINY = $(filter tiny,$(MODEL))
+SPECBENCH_SWEEP = $(strip +experiment=$(if $(SPECBENCH_TINY),specbench-tiny,specbench) \
+	$(if $(SPECBENCH_TINY),,$(if $(strip $(MODEL)),model=$(strip $(MODEL)))) $(if $(strip $(LIMIT)),limit=$(strip $(LIMIT))) \
+	$(if $(strip $(DATA_DIR)),data_dir=$(abspath $(DATA_DIR))) $(OVERRIDES) out_dir=$(RESULTS)/specbench/records)
+.PHONY: plan-specbench reproduce-specbench
+plan-specbench: $(STAMP)
+	$(PY) -m packedss.plan $(SPECBENCH_SWEEP)
+
+reproduce-specbench: $(STAMP)
+	$(PY) run.py -m $(SPECBENCH_SWEEP)
+	$(PY) -m packedss.analysis $(RESULTS)/specbench --tables specbench --figures SB $(ANALYSIS_FLAGS)
+
 # plan-table2 ... plan-table13, plan-figure3 ... plan-figure5, plan-all: the jobs of the targets below,
 # checked and costed without loading a model; reproduce-table2 ... reproduce-table13,
 # reproduce-figure3 ... figure5, reproduce-all

@@ -20,6 +20,13 @@ SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")
 CATEGORIES = MT_BENCH + ("translation", "summarization", "qa", "math_reasoning", "rag")
 FIELDS = ("question_id", "category", "turns")
+# Spec-Bench's questions per category and their turns (the pinned file; the plan counts with them).
+SIZES = {category: (10, 2) for category in MT_BENCH} | {category: (80, 1) for category in CATEGORIES[8:]}
+
+
+def response_count(n: int = 0) -> int:
+    """Responses of `n` questions of every category (0: all 480 questions, 560 responses)."""
+    return sum((min(n, size) if n else size) * turns for size, turns in SIZES.values())
 
 
 def sha256_of(path: Path) -> str:
