@@ -9,6 +9,7 @@ nothing that outlives its run, so the program cannot leave the marker itself).""
 from __future__ import annotations
 
 import json
+import signal
 import threading
 import time
 from pathlib import Path
@@ -77,7 +78,8 @@ def test_a_program_that_times_out_once_and_then_passes_is_recorded_with_two_atte
     counts = grade_cli.regrade_file(path, tasks=tasks)
     (graded,) = [json.loads(line) for line in path.read_text().splitlines()]
     assert graded["correct"] is True and graded["grader"]["status"] == "passed", graded
-    assert [(a["status"], a["alone"]) for a in graded["grade_attempts"]] == [("timeout", False), ("passed", True)]
+    assert [(a["status"], a["alone"], a["clock"]) for a in graded["grade_attempts"]] == [("timeout", False, "wall"),
+                                                                                       ("passed", True, "cpu")]
     assert graded["grade_attempts"][0]["duration_s"] >= LIMIT
     assert grade_cli.summary(path, counts) == (f"{path}: re-graded 1 records, 1/1 correct (1 timed out and ran again "
                                                "alone, 1 of them then passed); 0 lines kept unchanged")  # fmt: skip
@@ -90,11 +92,23 @@ def test_programs_that_end_within_their_limit_run_once_and_one_that_always_times
     passed, failed = (grade_humaneval(cfg, question, f"def f():\n    return {value}\n") for value in (1, 2))
     assert [a["status"] for a in passed.attempts] == ["passed"] and passed.correct is True
     assert [a["status"] for a in failed.attempts] == ["failed"] and failed.correct is False
-    slow = grade_humaneval(cfg, question, "import time\ndef f():\n    time.sleep(60)\n")
-    assert [(a["status"], a["alone"]) for a in slow.attempts] == [("timeout", False), ("timeout", True)]
-    assert slow.correct is False and slow.details["status"] == "timeout"
+    endless = grade_humaneval(cfg, question, "def f():\n    while True:\n        pass\n")
+    # past the wall clock, then past its CPU seconds (SIGXCPU), however busy the machine
+    assert [(a["status"], a["clock"]) for a in endless.attempts] == [("timeout", "wall"), ("timeout", "cpu")]
+    assert endless.correct is False and endless.details["status"] == "timeout"
     assert len(runs.runs) == 4
     assert passed.record_fields("humaneval")["grade_attempts"] == passed.attempts
+
+
+def test_the_second_attempt_counts_the_programs_own_cpu_time_not_the_wall_clock(monkeypatch):
+    """A program that takes longer than its limit on the wall clock, as a loaded machine makes it,
+    but computes for less than that passes on its second run."""
+    Runs(monkeypatch)
+    cfg = TaskConfig(name="humaneval", grader="humaneval", time_limit_s=1.0, memory_limit_mb=512)
+    waits = "import os, time\ntime.sleep(60 if not os.path.exists('retry-marker') else 1.5)\ndef f():\n    return 1\n"
+    grade = grade_humaneval(cfg, humaneval_question(), waits)
+    assert [(a["status"], a["clock"]) for a in grade.attempts] == [("timeout", "wall"), ("passed", "cpu")], grade.details
+    assert grade.attempts[1]["duration_s"] > 1.5 and grade.correct is True
 
 
 def test_the_second_attempt_runs_alone(monkeypatch):
@@ -145,7 +159,8 @@ def test_evalplus_per_input_time_limit_is_a_timeout_and_runs_again(monkeypatch, 
     solution = ("import os, time\ndef similar_elements(a, b):\n    if not os.path.exists('retry-marker'):\n"
                 "        time.sleep(60)\n    return tuple(set(a) & set(b))\n")  # fmt: skip
     grade = grade_mbpp(task.cfg, question, solution)
-    assert [(a["status"], a["alone"]) for a in grade.attempts] == [("timeout", False), ("passed", True)], grade.details
+    assert [(a["status"], a["alone"], a["clock"]) for a in grade.attempts] == [("timeout", False, "wall"),
+                                                                              ("passed", True, "cpu")], grade.details
     assert grade.correct is True
     never = grade_mbpp(task.cfg, question, solution.replace("'retry-marker'", "'never-there'"))
     assert [a["status"] for a in never.attempts] == ["timeout", "timeout"] and never.correct is False
@@ -190,6 +205,12 @@ def test_the_gate_runs_a_program_alone_once_those_running_end_and_starts_none_be
     ("failed", 1, True, "failed"),
     ("timeout", -9, False, "timeout"),
     ("output_limit", -9, True, "output_limit"),
+    ("timeout", -24, False, "timeout"),  # the sandbox's verdict on the CPU limit's SIGXCPU
 ])  # fmt: skip
 def test_attempt_status(status, returncode, evalplus, expected):
     assert code.attempt_status(sandbox.ExecResult(status, returncode, 0.1, "", ""), evalplus) == expected
+
+
+def test_the_cpu_limits_signal_is_a_timeout():
+    assert sandbox._verdict("running", -signal.SIGXCPU, "", "", "0" * 32)[0] == "timeout"
+    assert sandbox._verdict("running", -signal.SIGSEGV, "", "", "0" * 32)[0] == "failed"

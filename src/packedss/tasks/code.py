@@ -12,8 +12,8 @@ whole output is the code. Programs:
   plus inputs.
 
 A program that times out (the sandbox's limit, or EvalPlus's per-input limit) runs once more,
-alone, and that run's verdict counts; the record's ``grade_attempts`` lists the runs
-(``run_attempts``, docs/sandbox.md §8).
+alone and with its limit on its own CPU time, and that run's verdict counts; the record's
+``grade_attempts`` lists the runs (``run_attempts``, docs/sandbox.md §8).
 
 EvalPlus release format: the program runs EvalPlus's own pieces in the sandbox as
 ``evalplus.evaluate`` does, for the base inputs and then, when they pass, for the plus inputs:
@@ -205,16 +205,18 @@ def attempt_status(result: ExecResult, evalplus: bool) -> str:
     return result.status
 
 
-def run_attempts(program: str, limits: tuple[float, int], evalplus: bool = False) -> list[tuple[ExecResult, str, bool]]:
-    """The program's runs: (result, what it ended in, whether it ran alone). One that timed out
-    runs once more, alone (no other sandboxed program of this process running), and the second
-    run's verdict counts: so a verdict does not depend on what else the job runs beside it
-    (docs/sandbox.md §8)."""
+def run_attempts(program: str, limits: tuple[float, int], evalplus: bool = False) -> list[tuple[ExecResult, str, dict]]:
+    """The program's runs: (result, what it ended in, how it ran). One that timed out runs once
+    more, alone (no other sandboxed program of this process running), its limit on its own CPU
+    time, and the second run's verdict counts: so a verdict does not depend on what else the
+    machine runs (docs/sandbox.md §8). Inside the EvalPlus check, EvalPlus's limits per input stay
+    on the wall clock: they are set from the reference's time measured in the same run."""
     time_limit_s, memory_limit_mb = limits
     attempts = []
-    for alone in (False, True):
-        result = run_program(program, time_limit_s=time_limit_s, memory_limit_mb=memory_limit_mb, alone=alone)
-        attempts.append((result, attempt_status(result, evalplus), alone))
+    for how in ({"alone": False, "clock": "wall"}, {"alone": True, "clock": "cpu"}):
+        result = run_program(program, time_limit_s=time_limit_s, memory_limit_mb=memory_limit_mb, alone=how["alone"],
+                             cpu_clock=how["clock"] == "cpu")  # fmt: skip
+        attempts.append((result, attempt_status(result, evalplus), how))
         if attempts[-1][1] != "timeout":
             break
     return attempts
@@ -236,7 +238,7 @@ def _grade_program(program: str, fenced: bool, code: str, limits: tuple[float, i
             "stderr_tail": res.stderr_tail[-1000:],
         },
         sandbox=res.sandbox,
-        attempts=[{"status": status, "duration_s": r.duration_s, "alone": alone} for r, status, alone in attempts],
+        attempts=[{"status": status, "duration_s": r.duration_s, **how} for r, status, how in attempts],
     )
 
 

@@ -1,32 +1,22 @@
-"""Run an untrusted Python program in a separate, limited process.
+"""Run an untrusted Python program in a separate, limited process (docs/sandbox.md).
 
-Guarantees (docs/sandbox.md has the details and the limits):
-- a fresh temporary working directory, deleted afterwards; the config arrives over stdin,
-  which the child then replaces with /dev/null; only fds 0-2 inherited (close_fds); a
-  scrubbed environment (minimal PATH, HOME/TMPDIR = the sandbox); ``python -I`` (isolated
-  mode: no PYTHON* variables, no user site, no script dir on path);
-- its own session/process group; wall-clock limit enforced by the harness (SIGKILL to the
-  group and, when root, to every process of the sandbox's uid), plus RLIMIT_CPU; ``alone=True``
-  runs it with no other program of this process beside it (packedss.tasks.gate);
-- RLIMIT_AS/RLIMIT_DATA (memory), RLIMIT_FSIZE, RLIMIT_NOFILE, RLIMIT_CORE=0, RLIMIT_NPROC;
-- kernel-enforced for every user, where the kernel offers it: Landlock (writes only under
-  the working directory, reads only of the Python installation and system libraries, no
-  execve; from ABI 4 no TCP bind/connect; from ABI 6 no signals or abstract unix sockets
-  out of the sandbox) and an empty network namespace;
-- as root: the program runs under a fresh unprivileged uid/gid (no supplementary groups)
-  that owns only the temporary directory, so it cannot touch the harness's files, signal
-  the harness, or leave processes behind (all processes of that uid are killed);
-  ``PACKEDSS_SANDBOX_NO_DROP=1`` skips this step, to check what a non-root user gets;
-- the kernel layers are probed once per process and interpreter; a missing one is reported
-  in one warning on stderr, and every result says which protections were active
-  (``ExecResult.sandbox``);
-- stdout/stderr are read incrementally; at most ``max_output_bytes`` in total is accepted
-  (more kills the program) and only a short tail of each is kept;
-- success needs a random nonce that the wrapper prints only after the whole program
-  (solution + tests) returned normally, and exit status 0: ``sys.exit(0)`` or
-  ``os._exit(0)`` before the tests is a failure. The nonce is in no command line,
-  environment, file or open descriptor of the program; its interpreter's memory holds it
-  (docs/sandbox.md §7 says what that leaves open).
+- a fresh working directory, deleted afterwards; the config over stdin, then /dev/null; only
+  fds 0-2; a scrubbed environment; ``python -I``; its own session/process group;
+- a time limit (wall clock, or the program's own CPU time with ``cpu_clock``: §8) enforced
+  with SIGKILL to the group and, as root, to every process of the sandbox's uid; RLIMIT_CPU,
+  memory, file size, open files, processes, no core; ``alone=True`` runs it with no other
+  program of this process beside it (packedss.tasks.gate);
+- where the kernel offers them, for every user: Landlock (writes only under the working
+  directory, reads only of the Python installation and system libraries, no execve; TCP from
+  ABI 4, signals and abstract unix sockets from ABI 6) and an empty network namespace;
+- as root, a fresh unprivileged uid/gid that owns only the working directory
+  (``PACKEDSS_SANDBOX_NO_DROP=1`` skips it, to see what a non-root user gets);
+- the kernel layers are probed once per process and interpreter; a missing one is one warning
+  on stderr, and every result says which protections were active (``ExecResult.sandbox``);
+- output read incrementally, at most ``max_output_bytes`` (more kills it), short tails kept;
+- a pass needs exit status 0 and a random nonce that the wrapper prints only after the whole
+  program returned; the nonce is in no command line, environment, file or open descriptor of
+  the program, only in its interpreter's memory (§7 says what that leaves open).
 """
 
 from __future__ import annotations
@@ -259,14 +249,24 @@ def _rm(path: str) -> None:
     shutil.rmtree(path, onerror=onerror)
 
 
+#: with the limit on CPU time (``cpu_clock``), the wall clock stops a program that waits
+#: without computing at this many times the limit
+WALL_BACKSTOP = 10
+
+
 @dataclass(frozen=True)
 class Limits:
-    """What one program may use: wall-clock seconds, memory, output and file size."""
+    """What one program may use: seconds (wall-clock, or its own CPU time), memory, output, file size."""
 
     time_s: float
     memory_mb: int
     max_output_bytes: int
     fsize_mb: int
+    cpu_clock: bool
+
+    @property
+    def wall_s(self) -> float:
+        return self.time_s * WALL_BACKSTOP if self.cpu_clock else self.time_s
 
 
 def run_program(
@@ -278,11 +278,14 @@ def run_program(
     python: Optional[str] = None,
     guard: bool = True,
     alone: bool = False,
+    cpu_clock: bool = False,
 ) -> ExecResult:
     """Run ``program`` (Python source) in the sandbox; see the module docstring. ``alone``: wait
-    until no other sandboxed program of this process runs, and start none beside it."""
+    until no other sandboxed program of this process runs, and start none beside it.
+    ``cpu_clock``: the time limit counts the program's own CPU seconds, which the machine's load
+    does not stretch (RLIMIT_CPU; WALL_BACKSTOP times it on the wall clock)."""
     drop = privilege_drop_enabled()
-    limits = Limits(float(time_limit_s), int(memory_limit_mb), int(max_output_bytes), int(fsize_limit_mb))
+    limits = Limits(float(time_limit_s), int(memory_limit_mb), int(max_output_bytes), int(fsize_limit_mb), cpu_clock)
     with PROGRAMS.alone() if alone else PROGRAMS.beside_others():
         tmp = _working_directory()
         try:
@@ -311,7 +314,7 @@ def _run_in(tmp: str, program: str, limits: Limits, python: str, guard: bool, dr
     except OSError as exc:
         return ExecResult("error", None, 0.0, "", f"cannot start the sandbox: {exc}", active)
     try:
-        status, out, err = _communicate(proc, start + limits.time_s, limits.max_output_bytes)
+        status, out, err = _communicate(proc, start + limits.wall_s, limits.max_output_bytes)
         rc = _reap(proc, uid, killed=status != "running")
     finally:
         if proc.poll() is None:
@@ -341,7 +344,7 @@ def _child_config(program: str, path: str, nonce: str, limits: Limits, uid: Opti
         "nonce": nonce,
         "preload": _preload(program),
         "memory_bytes": limits.memory_mb << 20,
-        "cpu_s": max(1, math.ceil(limits.time_s)) + 1,
+        "cpu_s": max(1, math.ceil(limits.time_s)) + (0 if limits.cpu_clock else 1),
         "fsize_bytes": limits.fsize_mb << 20,
         "nproc": nproc,
         "uid": uid,
@@ -389,10 +392,11 @@ def _reap(proc: subprocess.Popen, uid: Optional[int], killed: bool) -> int:
 
 def _verdict(status: str, rc: int, stdout: str, stderr: str, nonce: str) -> tuple[str, str, str]:
     """(status, stdout, stderr) of a finished run: a pass needs exit status 0 and the nonce at
-    the end of stdout (then cut off); elsewhere the nonce is masked."""
+    the end of stdout (then cut off); elsewhere the nonce is masked. The CPU limit's SIGXCPU
+    is a timeout."""
     marker = "\n" + nonce + "\n"
     if status == "running":
-        status = "passed" if rc == 0 and stdout.endswith(marker) else "failed"
+        status = "passed" if rc == 0 and stdout.endswith(marker) else "timeout" if rc == -signal.SIGXCPU else "failed"
         if rc == SETUP_FAILED and SETUP_FAILED_MESSAGE in stderr:
             status = "error"
     if status == "passed":
