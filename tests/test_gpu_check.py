@@ -399,7 +399,7 @@ def test_the_concurrency_step_keeps_the_responses_of_a_sweep_cut_short(tmp_path,
 
 def plan_of(env: dict) -> subprocess.CompletedProcess:
     return subprocess.run(["bash", str(SCRIPT)], env={**os.environ, "PY": sys.executable, "PLAN": "1", **env},
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
 
 
 def check_plan(stdout: str, steps=PLAN_STEPS) -> int:
@@ -453,9 +453,9 @@ def test_only_runs_the_named_steps_and_a_preflight_cut_short_is_not_fatal_but_a_
     fake.write_text(FAKE_PYTHON)
     fake.chmod(0o755)
     results = tmp_path / "results"
-    env = {**os.environ, "PY": str(fake), "DRY": "1", "DRY_SLACK": "0.04", "ONLY": "preflight,syncs",
-           "PREFLIGHT": preflight, "RESULTS": str(results), "OUT": str(tmp_path / "out")}  # preflight: 2 s  # fmt: skip
-    done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=120)
+    env = {**os.environ, "PY": str(fake), "DRY": "1", "DRY_SLACK": "0.1", "ONLY": "preflight,syncs",
+           "PREFLIGHT": preflight, "RESULTS": str(results), "OUT": str(tmp_path / "out")}  # preflight: 5 s  # fmt: skip
+    done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=600)
     assert "plan: 5 steps, budgets sum to 100 s\nnot run (ONLY/SKIP): audit-fp32 audit-bf16 graphs-8b concurrency-8b\n" in done.stdout
     ran = [line.split("\t") for line in (results / "steps.tsv").read_text().splitlines()]
     assert [row[0] for row in ran][:2] == ["wheels", "preflight"] and ran[1][2] == str(rc), ran
@@ -471,7 +471,7 @@ def test_only_runs_the_named_steps_and_a_preflight_cut_short_is_not_fatal_but_a_
     assert "ran: scripts/check_decode.py --device cpu --dtype bfloat16 --checks syncs" in done.stdout
     assert "audit-fp32" not in [row[0] for row in ran] and "ran: scripts/gpu_calls.py" not in done.stdout
     assert done.returncode == 1 and "rerun what failed: ONLY=preflight OUT=<a new folder> bash scripts/gpu_check.sh" in done.stdout
-    summary.main(["--results", str(results)])  # the verdicts of what the run left (its own summary step had 0.4 s)
+    summary.main(["--results", str(results)])  # the verdicts of what the run left (its own summary step had 1 s)
     text = (results / "summary.md").read_text()
     assert re.search(rf"^\| preflight \| 50 \| \d+ \| {rc} \(cut short by its budget\) \|$", text, re.M), text
     assert "FAIL: preflight:" in text and "cut short by its budget: not fatal, the steps ran" in text
@@ -480,7 +480,7 @@ def test_only_runs_the_named_steps_and_a_preflight_cut_short_is_not_fatal_but_a_
 
 def test_bad_input_is_one_error_line_and_status_2(tmp_path):
     run = lambda env: subprocess.run(["bash", str(SCRIPT)], env={**os.environ, "PY": sys.executable, **env},  # noqa: E731
-                                     capture_output=True, text=True, timeout=120)  # fmt: skip
+                                     capture_output=True, text=True, timeout=600)  # fmt: skip
     (tmp_path / "empty").mkdir()
     for env, message in (({"PASS": "1"}, "error: PASS=1: the check is one plan now (no passes); unset PASS"),
                          ({"DRY": "yes"}, "error: DRY=yes; use DRY=1"),
@@ -521,7 +521,7 @@ def test_the_wheels_script_refuses_bad_arguments_in_one_line(tmp_path):
                                ([str(tmp_path / "w")], {"PY": str(tmp_path / "nope")}, "error: no Python at PY="),
                                ([str(tmp_path / "w")], {"PY": str(tmp_path / "file")}, "error: no Python at PY=")):  # fmt: skip
         done = subprocess.run(["bash", str(script), *argv], env={**os.environ, **env}, capture_output=True, text=True,
-                              timeout=60)  # fmt: skip
+                              timeout=300)  # fmt: skip
         assert done.returncode == 2 and done.stderr.startswith("error: ") and message in done.stderr, done.stderr
         assert len(done.stderr.splitlines()) == 1
 
@@ -536,7 +536,7 @@ def dry_run(tmp_path, python: str, env: dict) -> dict:
     results, out = tmp_path / "results", tmp_path / "out"
     env = {**env, "DRY": "1", "DRY_SLACK": DRY_SLACK, "PY": python, "RESULTS": str(results), "OUT": str(out),
            "MPLCONFIGDIR": str(tmp_path / "mpl")}  # fmt: skip
-    done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=3600)  # a hang guard only
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
     assert check_plan(done.stdout) <= WINDOW_S
     assert done.stdout.strip().splitlines()[-1] == f"gpu_check: all checks passed; results in {results}, packed in {out}"
