@@ -66,5 +66,5 @@ def test_every_tests_temporary_folder_is_under_the_sessions_root(tmp_path, tmp_p
     """The check reads the controller's temporary root; pytest-xdist gives each worker its own under it."""
     base = tmp_path_factory.getbasetemp()
     assert base in tmp_path.parents
-    if worker_id != "master":
-        assert base.name == worker_id
+    if worker_id != "master":  # a worker's root is the controller's popen-<worker>
+        assert base.name == f"popen-{worker_id}"
