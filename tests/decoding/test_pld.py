@@ -197,3 +197,43 @@ def test_pld_on_a_set_model_needs_the_left_to_right_order():
     with pytest.raises(PackedSSError, match="order=ltr"):
         SETDLM.settings_fields("pld", {"order": "confidence"}, 16)
     assert SETDLM.settings_fields("pld", {"order": None}, 16) == {"order": "ltr"}
+
+
+# ------------------------------------------------------------------ the shipped tiny models (float32)
+TINY_MODELS = {"tiny": "nemotron", "tiny-set": "setdlm", "tiny-sdar": "sdar"}
+
+
+def _prompts(tokenizer, cap_answers) -> list[list[int]]:
+    """The first arith questions and, when Spec-Bench's file is at hand, one question of each of
+    its categories, second turns holding an answer as the runner gives them."""
+    from packedss.tasks import load_task, load_task_config
+    from packedss.tasks.prompts import encode_prompt
+    from packedss.tasks.specbench import SHARED_DATA
+    from packedss.tasks.turns import ready_turns
+
+    arith = load_task(load_task_config("arith"))
+    prompts = [encode_prompt(tokenizer, arith.build_prompt(q), chat=False) for q in arith.questions(12)]
+    if (SHARED_DATA / "spec_bench_question.jsonl").is_file():
+        spec = load_task(load_task_config("specbench", n=1))
+        questions = spec.questions(None)
+        ready, _ = ready_turns(questions, lambda: dict.fromkeys((q.question_id for q in questions), cap_answers), 1)
+        prompts += [encode_prompt(tokenizer, spec.build_prompt(q), chat=False)[-200:] for q in ready]
+    return prompts
+
+
+@pytest.mark.parametrize("name", list(TINY_MODELS))
+def test_pld_equals_ar_on_the_tiny_models_in_float32(name):
+    from transformers import AutoTokenizer
+
+    family, path = TINY_MODELS[name], PROJECT_ROOT / "assets" / "models" / name
+    model = FAMILIES[family].load_adapter(path, torch.device("cpu"), "float32")
+    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    drafted = 0
+    for prompt in _prompts(tokenizer, " 12 apples and 3 boxes. 12 apples"):
+        eos = tuple(model.eos_token_ids)
+        settings = {s: (AnyOrderSettings(s, 8, 16, eos, GREEDY, order="ltr") if family == "setdlm"
+                        else LTRSettings(s, 8, 16, eos, GREEDY)) for s in ("ar", "pld")}  # fmt: skip
+        ar, pld = (FAMILIES[family].decode(model, prompt, settings[s]) for s in ("ar", "pld"))
+        assert pld.tokens == ar.tokens and pld.finish_reason == ar.finish_reason
+        drafted += pld.draft_proposed
+    assert drafted > 0
