@@ -260,7 +260,8 @@ def _rejected(args: Sequence[tuple], device: torch.device) -> tuple[torch.Tensor
     q_draft = q.gather(1, tokens[:, None])[:, 0]
     h = _prefixes(uniform.index_select(0, tested) * q_draft < p_draft, counts, device)
     # Row h of each request's [q; 0]: its residual on a rejection, p_m itself for the bonus.
-    host = uploaded([*starts, *_offsets(counts), *counts], device).view(3, -1)
+    firsts = _offsets(counts)  # where each request's drafts start among all of them
+    host = uploaded([*starts, *firsts, *counts], device).view(3, -1)
     p_h = p.index_select(0, host[0] + h)
     q_ext = torch.cat([q, p.new_zeros((1, p.shape[1]))])
     q_h = q_ext.index_select(0, torch.where(h < host[2], host[1] + h, verifying))
@@ -268,7 +269,6 @@ def _rejected(args: Sequence[tuple], device: torch.device) -> tuple[torch.Tensor
     mass = residual.sum(dim=-1, keepdim=True)
     residual = torch.where(mass > 0, residual / mass.clamp(min=torch.finfo(p.dtype).tiny), p_h)
     last = inverse_cdf(residual, uniform.index_select(0, host[0] + host[2]))
-    firsts = _offsets(counts)
 
     def finish(values: list[int]) -> list:
         out = []
