@@ -21,7 +21,7 @@ import torch
 from packedss.decoding import LTRSettings, Sampling
 from packedss.decoding import queried
 from packedss.decoding.blockdiff import low_confidence_dynamic, transfer_counts, verify_score
-from packedss.decoding.verify import probabilities, sample_tokens
+from packedss.decoding.verify import exponential_race, probabilities
 from packedss.families import FAMILIES
 from packedss.models.sdar import load_sdar
 from tests.sdar_fixtures import SDAR_EOS as EOS
@@ -223,7 +223,7 @@ def plain_s2d2(model, prompt: list[int], block: int, new: int, penalty: float, g
                 if reject is not None:
                     residual = (q[reject] - probs[span[reject]]).clamp(min=0)
                     residual = residual if float(residual.sum()) > 0 else q[reject]
-                    update[span[reject]] = sample_tokens(residual[None], generator)[0]
+                    update[span[reject]] = exponential_race(residual[None], generator)[0]
             else:
                 chosen = low_confidence_dynamic(confidence, masked, min(counts[step], int(masked.sum())), 0.85)
                 update = torch.where(chosen, proposal, block_tokens)
