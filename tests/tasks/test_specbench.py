@@ -116,3 +116,9 @@ def test_runs_record_the_second_turn_with_the_first_answer_however_they_are_resu
     run(tmp_path / "resumed", "limit=3")
     assert _decoded(run(tmp_path / "resumed", "limit=4")) == _decoded(whole)
     assert _decoded(run(tmp_path / "batched", "limit=4", "concurrency=3")) == _decoded(whole)
+
+
+def test_several_samples_of_a_multi_turn_task_fail_before_any_record(run, tmp_path):
+    with pytest.raises(PackedSSError, match="samples=1"):
+        run(tmp_path / "sampled", "limit=2", "samples=2", "temperature=1")
+    assert not list((tmp_path / "sampled").rglob("*.jsonl"))
