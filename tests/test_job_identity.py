@@ -209,3 +209,23 @@ def test_every_model_config_that_names_a_width_is_in_the_docs_table_of_defaults(
         width = OmegaConf.load(path).get("width")
         assert path.stem in rows, f"docs/configuration.md lists no default width for model {path.stem}"
         assert rows[path.stem] == (str(width) if width is not None else "8 (global)"), path.stem
+
+
+@pytest.mark.parametrize("overrides, old_hash, sampler", [
+    (["model=tiny", "schedule=packed"], "724fdd96e9375e6d", None),
+    (["model=tiny-sdar", "schedule=sdar-native", "temperature=1"], "80c7fbf79a69cded", None),
+    (["model=tiny", "schedule=packed", "temperature=1"], "041bb72012b5180f", "inverse-cdf"),
+    (["model=tiny-set", "schedule=ar", "temperature=1"], "3db2004464bdd6af", "inverse-cdf"),
+])  # fmt: skip
+def test_the_inverse_cdf_sampler_is_identity_only_for_the_jobs_it_changed(overrides, old_hash, sampler):
+    """The hashes are those the jobs had before T > 0 sampling moved to the inverse CDF: a job it
+    did not change (T = 0; SDAR's native decoder, which keeps the exponential race) keeps its
+    identity and its record file; a T > 0 job it changed gets a new one, so a resume never appends
+    new-sampler responses to a file of old ones."""
+    from packedss.benchmark.loading import compose_run_config
+    from packedss.job import configured_spec
+
+    spec = configured_spec(compose_run_config(overrides))
+    assert spec.sampler == sampler
+    assert ("sampler" in spec.fields()) == (sampler is not None)
+    assert (spec.config_hash == old_hash) == (sampler is None)

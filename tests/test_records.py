@@ -51,7 +51,7 @@ def test_missing_field_is_reported():
 
 
 def _spec(**changes) -> JobSpec:
-    fields = {k: GOOD[k] for k in IDENTITY_FIELDS} | {"end_of_turn": ()}
+    fields = {k: GOOD[k] for k in IDENTITY_FIELDS if k in GOOD} | {"end_of_turn": ()}
     return JobSpec(**(fields | changes))
 
 
@@ -69,7 +69,8 @@ def test_record_path_layout(tmp_path):
     "change",
     [{"max_new_tokens": 16}, {"dtype": "float16"}, {"compile": "default"}, {"checkpoint": "other"}, {"device": "cuda"},
      {"task_config": {"name": "arith", "split": "train"}}, {"native_window": 4}, {"timing": "events"}, {"threads": 2},
-     {"data_dir": "/data"}, {"chat": True}, {"warmup_decode": False}, {"lora_path": "lora"}],
+     {"data_dir": "/data"}, {"chat": True}, {"warmup_decode": False}, {"lora_path": "lora"},
+     {"sampler": "inverse-cdf"}],
 )  # fmt: skip
 def test_jobs_that_differ_in_any_identity_field_never_share_a_file(tmp_path, change):
     assert _spec(**change).record_path(tmp_path) != _spec().record_path(tmp_path)

@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 from packedss.config import ModelConfig, check_out_dir, resolved_order, validate, validate_width, width_source
 from packedss.decoding import GREEDY
+from packedss.decoding.verify import SAMPLER
 from packedss.errors import PackedSSError
 from packedss.families import Family, family_named
 
@@ -62,6 +63,9 @@ class JobSpec:
     max_new_tokens: int
     lossy: bool  # the schedule is not meant to equal the AR output
     concurrency: int  # C: responses decoded together, each call carrying every active one's rows
+    # how sampled tokens are drawn, where the job's draws are by the inverse CDF (T > 0, every
+    # schedule but SDAR's native and S2D2); None (left out: OPTIONAL_IDENTITY_FIELDS) elsewhere
+    sampler: Optional[str] = None
 
     @property
     def call_width(self) -> int:
@@ -72,7 +76,7 @@ class JobSpec:
         """The identity as the record's fields (JSON values)."""
         values = dataclasses.asdict(self)
         values["end_of_turn"] = list(self.end_of_turn)
-        return values
+        return {name: value for name, value in values.items() if value is not None or name not in OPTIONAL_IDENTITY_FIELDS}
 
     @property
     def config_hash(self) -> str:
@@ -109,6 +113,10 @@ class JobSpec:
 
 
 IDENTITY_FIELDS = tuple(f.name for f in dataclasses.fields(JobSpec))
+# Fields added after records existed: a record (and the hash) holds one only where it is set, so
+# the jobs it does not concern keep their identity and their record files (docs/records.md).
+OPTIONAL_IDENTITY_FIELDS = ("sampler",)
+REQUIRED_IDENTITY_FIELDS = tuple(name for name in IDENTITY_FIELDS if name not in OPTIONAL_IDENTITY_FIELDS)
 
 
 @dataclass(frozen=True)
@@ -270,6 +278,7 @@ def identity_of(
         max_new_tokens=int(cfg.max_new_tokens or task_config.max_new_tokens),
         lossy=decoder.lossy,
         concurrency=int(cfg.concurrency),
+        sampler=decoder.sampler if cfg.temperature > 0 and decoder.sampler == SAMPLER else None,
     )
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from packedss.errors import PackedSSError
 from packedss.families import FAMILIES
-from packedss.job import IDENTITY_FIELDS as JOB_IDENTITY_FIELDS
+from packedss.job import REQUIRED_IDENTITY_FIELDS as JOB_IDENTITY_FIELDS
 from packedss.preemption import slurm_attempt
 
 # The job's identity (packedss.job), how it was run, and which response of the job a record is.

@@ -165,7 +165,7 @@ def write_records(root: Path, records: list[dict], name: str | None = None) -> l
     """Append records to their record_path files under root (or to root/name)."""
     paths = []
     for record in records:
-        spec = JobSpec(**{k: record[k] for k in IDENTITY_FIELDS} | {"end_of_turn": tuple(record["end_of_turn"])})
+        spec = JobSpec(**{k: record[k] for k in IDENTITY_FIELDS if k in record} | {"end_of_turn": tuple(record["end_of_turn"])})
         path = root / name if name else spec.record_path(root)
         path.parent.mkdir(parents=True, exist_ok=True)
         with open(path, "a", encoding="utf-8") as handle:

@@ -23,6 +23,7 @@ FLOORS = {
     "acceptance_tables": 3,
     "acceptance_figures": 3,
     "concurrency_figures": 3,
+    "specbench": 3,
     "tables": 4,
     "figures": 4,
     "__init__": 5,

@@ -42,6 +42,7 @@ OPTIONAL_DEFAULTS = {
     "call_model_s": None,
     "native_window": None,
     "concurrency": 1,
+    "sampler": None,
 }
 
 # The identity fields that the tables key and label rows by; a question's records within a run
@@ -131,6 +132,7 @@ def normalise(frame: pd.DataFrame) -> pd.DataFrame:
     # pad_verify: "true" / "false" where the schedule reads it (the spec records None elsewhere).
     frame["pad_verify"] = frame["pad_verify"].map(lambda v: "" if _absent(v) else str(bool(v)).lower())
     frame["native_window"] = frame["native_window"].map(lambda v: 0 if _absent(v) else int(v)).astype(int)
+    frame["sampler"] = frame["sampler"].map(lambda v: None if _absent(v) else str(v))
     frame["config"] = _config_labels(frame)
     for name in ("output_tokens", "nfe_total", "nfe_prefill", "iterations"):
         frame[name] = frame[name].astype(int)

@@ -27,7 +27,7 @@ from packedss.decoding.queried import _queries, _QueriedAR, _QueriedLinear, _Que
 from packedss.decoding.rows import uploaded
 from packedss.decoding.schedules import _mask_tokens
 from packedss.decoding.trace import StopCheck
-from packedss.decoding.verify import exponential_race, probabilities
+from packedss.decoding.verify import EXPONENTIAL_RACE, exponential_race, probabilities
 
 
 # ---- block diffusion: aligned blocks of B tokens ----
@@ -113,6 +113,7 @@ class _BlockDiffusion(Decoder):
 
     settings: LTRSettings
     lossy = True
+    sampler = EXPONENTIAL_RACE
     steps_per_block: int | None = None  # denoising steps S (None: B, as both paper configurations)
     threshold = 0.85  # low_confidence_dynamic's confidence threshold (the release's default)
     commit_layout = "commit_full"

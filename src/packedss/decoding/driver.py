@@ -23,7 +23,7 @@ import torch
 
 from packedss.decoding.calls import Call, CallModel
 from packedss.decoding.trace import Decoded, Emitter, Meter, StopCheck
-from packedss.decoding.verify import NearTies, Sampling, propose
+from packedss.decoding.verify import SAMPLER, NearTies, Sampling, propose
 
 ORDERS = ("ltr", "confidence")
 
@@ -125,6 +125,7 @@ class Decoder(ABC):
     lossy: ClassVar[bool] = False  # not meant to equal the AR output (native decoding)
     reads_pad_verify: ClassVar[bool] = False  # its calls change with the settings' pad_verify
     draws_at_greedy: ClassVar[bool] = False  # draws random numbers at T = 0 too (S2D2's acceptance test)
+    sampler: ClassVar[str] = SAMPLER  # how its sampled tokens are drawn (packedss.decoding.verify)
     rows_formula: ClassVar[str] = ""  # the paper's rows per iteration (Table 2); "" where it gives none
     # Its host work is Host steps on logits it only slices: in a batch it gets Rows (rows.py), not tensors.
     batched_steps: ClassVar[bool] = False

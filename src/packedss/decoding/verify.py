@@ -14,7 +14,7 @@ row: `uniforms`). It picks token j with probability p_j / sum(p) to the uniform'
 it replaced drew one per vocabulary entry), so a batch (packedss.decoding.batched_ops) draws every
 request's uniforms from its own generator and samples every row of a round in one operation.
 Nothing reads the device back (`torch.multinomial` checks its input, two syncs per draw on CUDA).
-SAMPLER names this rule in the records' code version (docs/records.md).
+SAMPLER names this rule in the identity of the jobs that draw by it (docs/records.md).
 
 Near-ties (docs/records.md): at T = 0 every emitted token is the argmax of one verifier row; where
 that row's top-2 logit margin is within NEAR_TIE_ULPS units in the last place of the logits' dtype
@@ -54,6 +54,7 @@ def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
 
 
 SAMPLER = "inverse-cdf"  # how a sampled token is drawn (module docstring)
+EXPONENTIAL_RACE = "exponential-race"  # the draw SDAR's native decoder and S2D2 keep (exponential_race)
 
 
 def uniforms(count: int, generator: torch.Generator | None, device: torch.device) -> torch.Tensor:
