@@ -229,3 +229,13 @@ def test_the_inverse_cdf_sampler_is_identity_only_for_the_jobs_it_changed(overri
     assert spec.sampler == sampler
     assert ("sampler" in spec.fields()) == (sampler is not None)
     assert (spec.config_hash == old_hash) == (sampler is None)
+
+
+def test_spec_benchs_per_category_selects_questions_and_is_not_identity():
+    """Like `limit`: a rerun with more questions of each category resumes the same file."""
+    from packedss.benchmark.loading import compose_run_config
+    from packedss.job import configured_spec
+
+    one, two = (configured_spec(compose_run_config(["model=tiny", "task=specbench", "schedule=pld", f"task.per_category={n}"]))
+                for n in (1, 2))  # fmt: skip
+    assert one.config_hash == two.config_hash and "per_category" not in one.task_config

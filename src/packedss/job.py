@@ -8,8 +8,8 @@ run key (docs/records.md).
 What only selects which responses are made (limit, samples, repeats) is not identity: a rerun
 with a larger limit or more samples resumes the same file. A setting that a schedule does not
 read is normalised away, so that jobs which decode the same responses have one identity: the LTR
-AR target reads no W (its width is 0, whatever `width=` says), and only Packed-SS of a family
-whose settings carry `pad_verify` reads it."""
+AR target reads no W (its width is 0, whatever `width=` says), only Packed-SS of a family
+whose settings carry `pad_verify` reads it, and only pld reads `schedule.max_ngram`."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from typing import Any, Optional
 
 from packedss.config import ModelConfig, check_out_dir, resolved_order, validate, validate_width, width_source
 from packedss.decoding import GREEDY
+from packedss.decoding.pld import DEFAULT_MAX_NGRAM
 from packedss.decoding.verify import SAMPLER
 from packedss.errors import PackedSSError
 from packedss.families import Family, family_named
@@ -66,6 +67,8 @@ class JobSpec:
     # how sampled tokens are drawn, where the job's draws are by the inverse CDF (T > 0, every
     # schedule but SDAR's native and S2D2); None (left out: OPTIONAL_IDENTITY_FIELDS) elsewhere
     sampler: Optional[str] = None
+    # pld's longest n-gram looked up (schedule.max_ngram); None (left out) for every other schedule
+    max_ngram: Optional[int] = None
 
     @property
     def call_width(self) -> int:
@@ -85,11 +88,13 @@ class JobSpec:
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
     def record_path(self, out_dir: str | Path) -> Path:
-        """<out_dir>/<model>/<task>/<schedule>[-nopad][-lora][-W<width>]-T<temperature>[-<verify>]
+        """<out_dir>/<model>/<task>/<schedule>[-n<max_ngram>][-nopad][-lora][-W<width>]-T<temperature>[-<verify>]
         [-<order>]-s<seed>[-C<concurrency>][-compiled-<mode>][-cost-<shape>-<L>L-<dtype>-<device>]-<config hash>.jsonl:
         the readable parts name the
         usual axes, and the hash makes the name unique per identity (dtype, output cap, ...)."""
         name = self.schedule
+        if self.max_ngram is not None and self.max_ngram != DEFAULT_MAX_NGRAM:
+            name += f"-n{self.max_ngram}"
         if self.pad_verify is False:
             name += "-nopad"
         if self.lora:
@@ -115,7 +120,7 @@ class JobSpec:
 IDENTITY_FIELDS = tuple(f.name for f in dataclasses.fields(JobSpec))
 # Fields added after records existed: a record (and the hash) holds one only where it is set, so
 # the jobs it does not concern keep their identity and their record files (docs/records.md).
-OPTIONAL_IDENTITY_FIELDS = ("sampler",)
+OPTIONAL_IDENTITY_FIELDS = ("sampler", "max_ngram")
 REQUIRED_IDENTITY_FIELDS = tuple(name for name in IDENTITY_FIELDS if name not in OPTIONAL_IDENTITY_FIELDS)
 
 
@@ -137,7 +142,7 @@ class ResolvedJob:
     # schedule reads no W.
     width_source: Optional[str]
     sampling_rule: str  # the verification rule as configured (the identity says "greedy" at T = 0)
-    settings_fields: dict  # the family's own decode settings (pad_verify, order, native_window)
+    settings_fields: dict  # the family's own decode settings (pad_verify, order, native_window, max_ngram)
     limit: Optional[int]  # the first `limit` questions (None: all)
     samples: int
     repeats: int
@@ -179,7 +184,8 @@ def job_spec(cfg) -> ResolvedJob:
     task_config = task_config_for(cfg)
     identity = identity_of(cfg, task_config, device=device_name(device), dtype=dtype, threads=threads,
                            max_block=max_block, cost_model=None if cost is None else cost.label)  # fmt: skip
-    options = {"pad_verify": cfg.schedule.pad_verify, "order": identity.order, "native_window": identity.native_window}
+    options = {"pad_verify": cfg.schedule.pad_verify, "order": identity.order, "native_window": identity.native_window,
+               "max_ngram": identity.max_ngram}
     return ResolvedJob(
         identity=identity, model_config=ModelConfig(**OmegaConf.to_container(cfg.model, resolve=True)),
         model_path=model_path, max_block=max_block, device=device, cost=cost, task_config=task_config,
@@ -239,11 +245,13 @@ def identity_of(
     largest block of the checkpoint's drafter (None when its config.json is not at hand), which
     sets the native decoder's default window; `cost_model`: the cost twin's label (None: none)."""
     from packedss.models import select_checkpoint
+    from packedss.tasks.core import identity_fields as task_identity_fields
 
     family = family_named(cfg.model.family)
     decoder = family.schedule(cfg.schedule.name)
     order = resolved_order(cfg)
-    options = {"pad_verify": cfg.schedule.pad_verify, "order": order, "native_window": cfg.native_window}
+    options = {"pad_verify": cfg.schedule.pad_verify, "order": order, "native_window": cfg.native_window,
+               "max_ngram": cfg.schedule.max_ngram}
     settings = family.settings_fields(cfg.schedule.name, options, max_block)
     width = cfg.width if decoder.uses_width else 0
     checkpoint = select_checkpoint(cfg.model, cfg.checkpoint_dirs)
@@ -264,7 +272,7 @@ def identity_of(
         cost_model=cost_model,
         warmup_decode=bool(cfg.warmup),
         task=task_config.name,
-        task_config=dataclasses.asdict(task_config),
+        task_config=task_identity_fields(task_config),
         data_dir=str(Path(cfg.data_dir).expanduser().resolve()) if cfg.data_dir else None,
         schedule=decoder.name,
         width=width,
@@ -279,6 +287,7 @@ def identity_of(
         lossy=decoder.lossy,
         concurrency=int(cfg.concurrency),
         sampler=decoder.sampler if cfg.temperature > 0 and decoder.sampler == SAMPLER else None,
+        max_ngram=settings.get("max_ngram"),
     )
 
 

@@ -95,10 +95,10 @@ def task_size(task) -> Optional[int]:
     """The task's question count, None when the plan does not know it."""
     if task.name == "arith":
         return int(task.n)
-    if task.name == "specbench":  # responses: one per turn of the n questions of each category
+    if task.name == "specbench":  # responses: one per turn of the first questions of each category
         from packedss.tasks.specbench import response_count
 
-        return response_count(int(task.n))
+        return response_count(int(task.per_category))
     return TASK_SIZES.get((task.name, task.split, task.variant or ""))
 
 

@@ -214,7 +214,7 @@ def _prompts(tokenizer, cap_answers) -> list[list[int]]:
     arith = load_task(load_task_config("arith"))
     prompts = [encode_prompt(tokenizer, arith.build_prompt(q), chat=False) for q in arith.questions(12)]
     if (SHARED_DATA / "spec_bench_question.jsonl").is_file():
-        spec = load_task(load_task_config("specbench", n=1))
+        spec = load_task(load_task_config("specbench", per_category=1))
         questions = spec.questions(None)
         ready, _ = ready_turns(questions, lambda: dict.fromkeys((q.question_id for q in questions), cap_answers), 1)
         prompts += [encode_prompt(tokenizer, spec.build_prompt(q), chat=False)[-200:] for q in ready]

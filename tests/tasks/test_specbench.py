@@ -41,8 +41,8 @@ def test_the_480_questions_and_their_turns():
     assert second.metadata["earlier_texts"][0].startswith("Compose an engaging travel blog post about a recent trip to Hawaii")
 
 
-def test_n_selects_that_many_questions_of_each_category():
-    questions = _questions(n=2)
+def test_per_category_selects_that_many_questions_of_each_category():
+    questions = _questions(per_category=2)
     assert len(questions) == 8 * 2 * 2 + 5 * 2
     assert Counter(q.metadata["category"] for q in questions if q.metadata["turn"] == 1) == dict.fromkeys(CATEGORIES, 2)
     assert [q.question_id for q in questions[:5]] == ["specbench/81/1", "specbench/81/2", "specbench/82/1",
@@ -57,7 +57,7 @@ class ChatTemplate:
 
 
 def test_a_second_turn_waits_for_the_first_and_then_holds_its_answer():
-    task = load_task(load_task_config("specbench", n=1))
+    task = load_task(load_task_config("specbench", per_category=1))
     first, second = task.questions(2)
     ready, waiting = ready_turns([first, second], lambda: {}, samples=1)
     assert ready == [first] and waiting == [second]
@@ -82,7 +82,7 @@ def run(tmp_path_factory):
     register_configs()
 
     def go(out_dir: Path, *overrides: str) -> list[dict]:
-        args = ["model=tiny", "task=specbench", "task.n=1", "schedule=pld", "max_new_tokens=12", "progress=false",
+        args = ["model=tiny", "task=specbench", "task.per_category=1", "schedule=pld", "max_new_tokens=12", "progress=false",
                 f"out_dir={out_dir}", *overrides]  # fmt: skip
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             run_job(compose(config_name="config", overrides=args))
@@ -104,7 +104,7 @@ def test_runs_record_the_second_turn_with_the_first_answer_however_they_are_resu
         ("specbench/81/1", "writing", 1), ("specbench/91/1", "roleplay", 1),
         ("specbench/81/2", "writing", 2), ("specbench/91/2", "roleplay", 2)]  # fmt: skip
     # The second turn's prompt is the first turn's prompt, the recorded answer and the second message.
-    task, tokenizer = load_task(load_task_config("specbench", n=1)), AutoTokenizer.from_pretrained(str(TINY))
+    task, tokenizer = load_task(load_task_config("specbench", per_category=1)), AutoTokenizer.from_pretrained(str(TINY))
     first, second = task.questions(2)
     answer = next(r["output_text"] for r in whole if r["question_id"] == first.question_id)
     conversation = f"Instruction: {first.text}\nResponse:{answer}\nInstruction: {second.text}\nResponse:"

@@ -60,10 +60,22 @@ class TaskConfig:
     memory_limit_mb: int = 1024
     #: mbpp only: "plus" (EvalPlus MBPP+, 378) or "original" (google-research MBPP test, 500).
     variant: str = ""
-    #: arith: number of generated questions (and `seed`, the generator's); specbench: questions
-    #: per category (0: all).
+    #: arith: number of generated questions (and `seed`, the generator's).
     n: int = 0
     seed: int = 0
+    #: specbench: the first questions of each category (0: all); SELECTION_FIELDS.
+    per_category: int = 0
+
+
+# Fields that only choose which questions a job decodes, as `limit` does (a question's id and
+# prompt do not depend on them): not identity, so a rerun that takes more questions resumes the
+# same record file (packedss.job).
+SELECTION_FIELDS = ("per_category",)
+
+
+def identity_fields(task_config: "TaskConfig") -> dict:
+    """The task config as the job's identity holds it: every field but the selection's."""
+    return {name: value for name, value in dataclasses.asdict(task_config).items() if name not in SELECTION_FIELDS}
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Spec-Bench (hemingkx/Spec-Bench `data/spec_bench/question.jsonl`, commit fd2c1cd; docs/data.md):
 480 questions in 13 categories, speed only. Each turn is a question: `specbench/<question_id>/<turn>`;
-a second turn follows its first (packedss.tasks.turns). `n` selects the first n questions of
+a second turn follows its first (packedss.tasks.turns). `per_category` selects the first n questions of
 every category (0: all)."""
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def load_specbench(cfg: TaskConfig, data_dir: Optional[str]) -> list[Question]:
     for number, row in enumerate(rows, start=1):
         turns, category = _checked(cfg, row, number), row["category"]
         taken[category] = taken.get(category, 0) + 1
-        if cfg.n and taken[category] > cfg.n:
+        if cfg.per_category and taken[category] > cfg.per_category:
             continue
         ids = [f"specbench/{int(row['question_id'])}/{turn}" for turn in range(1, len(turns) + 1)]
         for k, text in enumerate(turns):
