@@ -51,6 +51,11 @@ CONFIGURATION = [
     # SetDLM's settings read a window of 0 as unset: it would run the default window silently
     (["model=tiny-set", "schedule=native", "native_window=0"], ["invalid native_window=0", "must be >= 1"]),
     (["schedule=native"], ["invalid schedule='native' for model tiny", "runs on model=setdlm1.7b, tiny-set"]),
+    (["schedule=pld", "schedule.max_ngram=0"], ["invalid schedule.max_ngram=0", "must be >= 1 (default 2)"]),
+    (["schedule=pld", "schedule.max_ngram=-2"], ["invalid schedule.max_ngram=-2", "must be >= 1"]),
+    (["schedule=pld", "schedule.max_ngram=1.5"], ["invalid value for schedule.max_ngram", "'1.5'"]),
+    (["schedule=pld", "schedule.max_ngram=two"], ["invalid value for schedule.max_ngram", "'two'"]),
+    (["schedule=packed", "schedule.max_ngram=0"], ["invalid schedule.max_ngram=0"]),
 ]
 
 

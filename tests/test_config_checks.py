@@ -35,6 +35,7 @@ BEFORE_TORCH = [
     (["run.py", "width=abc"], "error: invalid value for width: Value 'abc'"),
     (["run.py", "model=tiny-sdar", "model.width=0"], "error: invalid model.width=0"),
     (["run.py", "temperature=nan"], "error: invalid temperature=nan"),
+    (["run.py", "schedule=pld", "schedule.max_ngram=0"], "error: invalid schedule.max_ngram=0"),
     (["run.py", "-m", "width=0,abc"], "error: 2 of 2 jobs of this sweep are invalid"),
     (["-m", "packedss.plan", "width=0"], "error: 1 of 1 jobs of this sweep are invalid"),
 ]

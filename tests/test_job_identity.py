@@ -239,3 +239,45 @@ def test_spec_benchs_per_category_selects_questions_and_is_not_identity():
     one, two = (configured_spec(compose_run_config(["model=tiny", "task=specbench", "schedule=pld", f"task.per_category={n}"]))
                 for n in (1, 2))  # fmt: skip
     assert one.config_hash == two.config_hash and "per_category" not in one.task_config
+
+
+@pytest.mark.parametrize("overrides, old_hash", [
+    (["model=tiny", "schedule=packed"], "724fdd96e9375e6d"),
+    (["model=tiny", "schedule=ar"], "a76fb5b20d5286ea"),
+    (["model=tiny-set", "schedule=linear"], "651eb24b2df39222"),
+    (["model=tiny-set", "schedule=native"], "3d6b40e36a25c9a3"),
+    (["model=tiny-sdar", "schedule=s2d2", "temperature=1"], "27032a18d0d6ca5a"),
+])  # fmt: skip
+def test_max_ngram_is_no_part_of_the_identity_of_a_schedule_that_reads_none(overrides, old_hash):
+    """The hashes are those the jobs had before `schedule.max_ngram` existed: a job of a schedule
+    other than pld keeps its identity and its record file, whatever max_ngram says."""
+    from packedss.benchmark.loading import compose_run_config
+    from packedss.job import configured_spec
+
+    for extra in ([], ["schedule.max_ngram=3"]):
+        spec = configured_spec(compose_run_config([*overrides, *extra]))
+        assert spec.max_ngram is None and "max_ngram" not in spec.fields()
+        assert spec.config_hash == old_hash
+
+
+def test_pld_records_name_their_max_ngram():
+    from packedss.benchmark.loading import compose_run_config
+    from packedss.job import configured_spec
+
+    specs = {n: configured_spec(compose_run_config(["model=tiny", "schedule=pld", *extra]))
+             for n, extra in ((2, []), (None, ["schedule.max_ngram=null"]), (1, ["schedule.max_ngram=1"]),
+                              (3, ["schedule.max_ngram=3"]))}  # fmt: skip
+    assert specs[2].fields()["max_ngram"] == 2 and specs[None] == specs[2]  # null: transformers' default
+    assert len({specs[n].config_hash for n in (1, 2, 3)}) == 3
+    assert specs[2].record_path("o").name == f"pld-W8-T0-s0-{specs[2].config_hash}.jsonl"
+    assert specs[3].record_path("o").name == f"pld-n3-W8-T0-s0-{specs[3].config_hash}.jsonl"
+
+
+def test_the_job_hands_pld_its_max_ngram(tmp_path):
+    from packedss.benchmark.loading import compose_run_config
+    from packedss.job import job_spec
+
+    common = ["model=tiny-set", "schedule.max_ngram=1", "device=cpu", f"out_dir={tmp_path}"]
+    job = job_spec(compose_run_config(["schedule=pld", *common]))
+    assert job.settings_fields == {"order": "ltr", "max_ngram": 1} and job.identity.max_ngram == 1
+    assert job_spec(compose_run_config(["schedule=linear", *common])).settings_fields == {"order": "ltr"}

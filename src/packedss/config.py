@@ -59,6 +59,7 @@ class ScheduleConfig:
     name: str = MISSING
     pad_verify: bool = True  # packed: pad the verify segment to B rows (2B rows per call)
     paper_width: int = 8  # the width the paper's Nemotron runs use (B - 1); experiments read it
+    max_ngram: Optional[int] = None  # pld: the longest n-gram of the context looked up; null: not read
 
 
 @dataclass
@@ -192,6 +193,10 @@ def check_values(cfg) -> None:
         raise PackedSSError(
             f"samples={cfg.samples} at temperature=0 would decode {cfg.samples} identical responses; "
             "use samples=1 for greedy runs (repeats=N re-times a response)"
+        )
+    if cfg.schedule.max_ngram is not None and cfg.schedule.max_ngram < 1:
+        raise PackedSSError(
+            f"invalid schedule.max_ngram={cfg.schedule.max_ngram}; the n-gram pld looks up must be >= 1 (default 2)"
         )
     if cfg.native_window is not None and cfg.native_window < 1:
         raise PackedSSError(f"invalid native_window={cfg.native_window}; must be >= 1, or null for the default")

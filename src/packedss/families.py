@@ -23,6 +23,7 @@ from packedss.decoding import (
     StopCheck,
 )
 from packedss.decoding.driver import Response, run_alone
+from packedss.decoding.pld import DEFAULT_MAX_NGRAM
 from packedss.decoding.pld_schedules import LOOKUP_DECODERS
 from packedss.errors import PackedSSError
 
@@ -39,7 +40,8 @@ class Family:
     block_of_width: Callable[[int], int]
     settings_type: type[DecodeSettings]
     # (schedule, options, largest block of the checkpoint) -> the family's own settings fields;
-    # options: the run's pad_verify, order (None: the family's first), native_window (None: default).
+    # options: the run's pad_verify, order (None: the family's first), native_window (None: default),
+    # max_ngram (pld; None: default).
     settings_fields: Callable[[str, Mapping, int | None], dict]
     # (checkpoint directory, torch device, dtype name) -> a CallModel with eos_token_ids.
     load_adapter: Callable[[Path, object, str], CallModel]
@@ -122,8 +124,20 @@ def _setdlm_window(config: dict) -> int | None:
     return int(value) if value is not None else None
 
 
+def _lookup_settings(schedule: str, options: Mapping) -> dict:
+    """pld's own field, max_ngram (None: transformers' default); no other schedule reads it."""
+    if schedule != "pld":
+        return {}
+    max_ngram = options.get("max_ngram")
+    return {"max_ngram": DEFAULT_MAX_NGRAM if max_ngram is None else int(max_ngram)}
+
+
+def _ltr_settings(schedule: str, options: Mapping, max_block: int | None) -> dict:
+    return {"pad_verify": bool(options.get("pad_verify", True))} | _lookup_settings(schedule, options)
+
+
 def _setdlm_settings(schedule: str, options: Mapping, max_block: int | None) -> dict:
-    fields = {"order": options.get("order") or ORDERS[0]}
+    fields = {"order": options.get("order") or ORDERS[0]} | _lookup_settings(schedule, options)
     if schedule == "pld" and fields["order"] != "ltr":
         raise PackedSSError(f"invalid order={fields['order']} for schedule=pld; prompt lookup verifies left to right: use order=ltr")
     if schedule == "native" and (options.get("native_window") or max_block):
@@ -165,7 +179,7 @@ register_family(
         orders=(),
         block_of_width=lambda width: width + 1,
         settings_type=LTRSettings,
-        settings_fields=lambda schedule, options, max_block: {"pad_verify": bool(options.get("pad_verify", True))},
+        settings_fields=_ltr_settings,
         load_adapter=_load_nemotron,
         max_block=_nemotron_block,
         backbone_config=_nemotron_backbone,
@@ -195,7 +209,7 @@ register_family(
         orders=(),
         block_of_width=lambda width: width + 1,
         settings_type=LTRSettings,
-        settings_fields=lambda schedule, options, max_block: {"pad_verify": bool(options.get("pad_verify", True))},
+        settings_fields=_ltr_settings,
         load_adapter=_load_sdar,
         max_block=lambda config: None,
         backbone_config=_sdar_backbone,

@@ -91,9 +91,9 @@ def test_drafts_of_a_repeated_span_are_accepted():
     assert out.rows_evaluated == [len(prompt), 5, 5, 5, 5]
 
 
-def _decode(family: str, model, prompt, schedule: str, width: int, cap: int, sampling: Sampling):
-    settings = (AnyOrderSettings(schedule, width, cap, (), sampling, order="ltr") if family == "setdlm"
-                else LTRSettings(schedule, width, cap, (), sampling))  # fmt: skip
+def _decode(family: str, model, prompt, schedule: str, width: int, cap: int, sampling: Sampling, max_ngram: int = 2):
+    settings = (AnyOrderSettings(schedule, width, cap, (), sampling, max_ngram=max_ngram, order="ltr")
+                if family == "setdlm" else LTRSettings(schedule, width, cap, (), sampling, max_ngram=max_ngram))  # fmt: skip
     return FAMILIES[family].decode(model, prompt, settings)
 
 
@@ -196,7 +196,55 @@ def test_pld_on_the_static_path_equals_eager(family):
 def test_pld_on_a_set_model_needs_the_left_to_right_order():
     with pytest.raises(PackedSSError, match="order=ltr"):
         SETDLM.settings_fields("pld", {"order": "confidence"}, 16)
-    assert SETDLM.settings_fields("pld", {"order": None}, 16) == {"order": "ltr"}
+    assert SETDLM.settings_fields("pld", {"order": None}, 16) == {"order": "ltr", "max_ngram": 2}
+
+
+# ------------------------------------------------------------------ max_ngram, the longest n-gram looked up
+class LaterPeriodToy(PeriodicToy):
+    PERIOD = 6
+
+    def ar_logits(self, prefix: tuple[int, ...]) -> torch.Tensor:  # the prompt's early rows decide nothing
+        return super().ar_logits(prefix) if len(prefix) >= self.PERIOD else torch.zeros(self.vocab, dtype=torch.float64)
+
+
+def test_max_ngram_picks_which_match_drafts_on_the_decode_path():
+    # Context [1 6 2 1 5 2] + the prefill's 1: its last 2-gram (2, 1) first occurs at 2, which drafts
+    # 5 2 1 (up to the context's end); its last 1-gram (1) at 0, which drafts 6 2 1 5 2. The model
+    # repeats the token 6 places back: 6 2 1 5 2 1 ..., so only n = 1's draft is accepted.
+    prompt, nemotron = [1, 6, 2, 1, 5, 2], FAMILIES["nemotron"]
+    runs = {n: nemotron.decode(LaterPeriodToy(), prompt, LTRSettings("pld", 5, 12, (), GREEDY, max_ngram=n))
+            for n in (1, 2, 3)}  # fmt: skip
+    ar = nemotron.decode(LaterPeriodToy(), prompt, LTRSettings("ar", 5, 12, (), GREEDY))
+    assert ar.tokens == [1, 6, 2, 1, 5, 2] * 2
+    assert all(out.tokens == ar.tokens for out in runs.values())
+    assert (runs[1].drafted[0], runs[1].accepted_drafts[0]) == (5, 5)
+    assert (runs[2].drafted[0], runs[2].accepted_drafts[0]) == (3, 0)
+    assert runs[3].drafted == runs[2].drafted  # no 3-gram matches: n = 3 falls back to n = 2's match
+
+
+@pytest.mark.parametrize("family", list(TOYS))
+def test_every_family_reads_max_ngram_from_its_settings(family):
+    rng, differs = random.Random(3), 0
+    for _ in range(16):
+        prompt = [rng.randrange(1, 6) for _ in range(rng.randrange(6, 14))]
+        ar = _decode(family, TOYS[family](), prompt, "ar", 4, 16, GREEDY).tokens
+        runs = [_decode(family, TOYS[family](), prompt, "pld", 4, 16, GREEDY, max_ngram=n) for n in (1, 2)]
+        assert all(out.tokens == ar for out in runs)
+        differs += runs[0].drafted != runs[1].drafted or runs[0].accepted_drafts != runs[1].accepted_drafts
+    assert differs > 0  # n = 1 and n = 2 drafted differently on some prompt
+
+
+def test_max_ngram_below_one_is_refused_before_the_first_call():
+    with pytest.raises(ValueError, match="max_ngram must be >= 1"):
+        _decode("nemotron", ToyLTRModel(), [1, 2, 3], "pld", 4, 8, GREEDY, max_ngram=0)
+
+
+def test_only_pld_settings_carry_max_ngram():
+    sdar = FAMILIES["sdar"]
+    assert NEMOTRON.settings_fields("pld", {"max_ngram": 3}, None) == {"pad_verify": True, "max_ngram": 3}
+    assert sdar.settings_fields("pld", {"max_ngram": None}, None) == {"pad_verify": True, "max_ngram": 2}
+    assert NEMOTRON.settings_fields("packed", {"max_ngram": 3}, None) == {"pad_verify": True}
+    assert SETDLM.settings_fields("linear", {"max_ngram": 3}, 16) == {"order": "ltr"}
 
 
 # ------------------------------------------------------------------ the shipped tiny models (float32)
@@ -237,3 +285,16 @@ def test_pld_equals_ar_on_the_tiny_models_in_float32(name):
         assert pld.tokens == ar.tokens and pld.finish_reason == ar.finish_reason
         drafted += pld.draft_proposed
     assert drafted > 0
+
+
+def test_the_audit_pairs_a_pld_run_with_the_ar_run_that_reads_no_max_ngram():
+    import pandas as pd
+
+    from packedss.analysis import audit
+
+    pld = {"model": "m", "task": "t", "schedule": "pld", "width": 4, "temperature": 0.0, "verify": "", "order": "",
+           "seed": 0, "family": "nemotron", "lora": False, "pad_verify": "", "native_window": 0, "concurrency": 1,
+           "config": "", "lossy": False, "question_id": "q", "sample": 0, "dtype": "float32", "max_ngram": 2,
+           "output_ids": [1], "near_ties": []}  # fmt: skip
+    ar = pld | {"schedule": "ar", "width": 0, "max_ngram": float("nan"), "output_ids": [2]}  # absent from its record
+    assert list(audit.audit(pd.DataFrame([pld, ar]))["audit"]) == ["unexplained"]

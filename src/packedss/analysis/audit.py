@@ -27,8 +27,9 @@ from packedss.analysis.load import RUN_KEYS
 from packedss.job import IDENTITY_FIELDS
 
 CLASSES = ("equal", "numerical", "unexplained")
-# What may differ between a schedule's run and its AR run (block follows W, lossy the schedule).
-_FREE = ("schedule", "width", "block", "pad_verify", "lossy")
+# What may differ between a schedule's run and its AR run (block follows W, lossy the schedule,
+# max_ngram is pld's own).
+_FREE = ("schedule", "width", "block", "pad_verify", "lossy", "max_ngram")
 _IDENTITY = tuple(name for name in IDENTITY_FIELDS if name not in _FREE)
 
 

@@ -22,6 +22,7 @@ from typing import ClassVar, NamedTuple
 import torch
 
 from packedss.decoding.calls import Call, CallModel
+from packedss.decoding.pld import DEFAULT_MAX_NGRAM
 from packedss.decoding.trace import Decoded, Emitter, Meter, StopCheck
 from packedss.decoding.verify import SAMPLER, NearTies, Sampling, propose
 
@@ -38,11 +39,14 @@ class DecodeSettings:
     eos_token_ids: tuple[int, ...]
     sampling: Sampling
     timing: str = "sync"  # how model time is measured on CUDA: "sync" or "events" (see trace.Meter)
+    max_ngram: int = DEFAULT_MAX_NGRAM  # pld: the longest n-gram of the context looked up (others read none)
 
     def check(self, prompt: Sequence[int]) -> None:
         """The checks made before the first call (ValueError with the valid range)."""
         if self.width < 1:
             raise ValueError(f"width must be >= 1, got {self.width}")
+        if self.max_ngram < 1:
+            raise ValueError(f"max_ngram must be >= 1, got {self.max_ngram}")
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         if len(prompt) < 1:

@@ -17,7 +17,7 @@ import torch
 from packedss.decoding.anyorder import _SetDecoder
 from packedss.decoding.calls import CallModel
 from packedss.decoding.driver import AnyOrderSettings, Host, Steps
-from packedss.decoding.pld import DEFAULT_MAX_NGRAM, lookup_draft, point_mass, room_for_drafts, verify_lookup
+from packedss.decoding.pld import lookup_draft, point_mass, room_for_drafts, verify_lookup
 from packedss.decoding.queried import _QueriedAR, _verify_shape
 from packedss.decoding.rows import uploaded
 from packedss.decoding.schedules import _causal_shape, _LTRDecoder
@@ -31,7 +31,6 @@ class _LTRLookup(_LTRDecoder):
     """PLD on Nemotron: one causal call of 1 + m rows per iteration (m <= W)."""
 
     name = NAME
-    max_ngram = DEFAULT_MAX_NGRAM
 
     @staticmethod
     def largest_call_rows(width: int) -> int:
@@ -48,7 +47,7 @@ class _LTRLookup(_LTRDecoder):
     def lookup(self) -> list[int]:
         s = self.settings
         room = room_for_drafts(s.width, s.max_new_tokens, self.produced)
-        return lookup_draft(self.context, room, self.max_ngram, s.eos_token_ids)
+        return lookup_draft(self.context, room, s.max_ngram, s.eos_token_ids)
 
     def prefill(self) -> Steps:
         return (yield from self.prefill_prompt())
@@ -92,7 +91,6 @@ class _SetLookup(_SetDecoder):
     """PLD on a set model in left-to-right order: [p | d_1..d_m | m+1 queries] per iteration."""
 
     name = NAME
-    max_ngram = DEFAULT_MAX_NGRAM
 
     @staticmethod
     def largest_call_rows(width: int) -> int:
@@ -107,7 +105,7 @@ class _SetLookup(_SetDecoder):
     def step(self) -> Steps:
         s, start, p = self.settings, self.contiguous, len(self.pending)
         context = self.prompt + self.emitter.tokens  # left to right, every resolved token is emitted
-        drafts = lookup_draft(context, room_for_drafts(s.width, s.max_new_tokens, self.produced), self.max_ngram,
+        drafts = lookup_draft(context, room_for_drafts(s.width, s.max_new_tokens, self.produced), s.max_ngram,
                               s.eos_token_ids)  # fmt: skip
         m = len(drafts)
         sigma = list(range(start, start + m + 1))
