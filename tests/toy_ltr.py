@@ -29,7 +29,8 @@ class ToyLTRModel:
 
     def _logits(self, key: tuple) -> torch.Tensor:
         if key not in self._table:
-            rng = random.Random(hash((self.seed,) + key))
+            # seeded by the key's text, not hash(): str hashes change with each process's PYTHONHASHSEED
+            rng = random.Random(repr((self.seed,) + key))
             self._table[key] = torch.tensor([rng.gauss(0.0, 1.5) for _ in range(self.vocab)], dtype=torch.float64)
         return self._table[key]
 
