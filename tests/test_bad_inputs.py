@@ -56,6 +56,8 @@ CONFIGURATION = [
     (["schedule=pld", "schedule.max_ngram=1.5"], ["invalid value for schedule.max_ngram", "'1.5'"]),
     (["schedule=pld", "schedule.max_ngram=two"], ["invalid value for schedule.max_ngram", "'two'"]),
     (["schedule=packed", "schedule.max_ngram=0"], ["invalid schedule.max_ngram=0"]),
+    (["task=specbench", "task.per_category=-1"], ["invalid task.per_category=-1", "must be >= 0"]),
+    (["task=arith", "task.per_category=2"], ["task.per_category=2 is read by task=specbench only", "leave it out"]),
 ]
 
 

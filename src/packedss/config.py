@@ -180,6 +180,11 @@ def check_values(cfg) -> None:
             raise PackedSSError(str(cause) if isinstance(cause, PackedSSError) else str(err)) from None
     _finite(cfg, "temperature")
     _finite(cfg.task, "time_limit_s")
+    if getattr(cfg.task, "per_category", 0) < 0:
+        raise PackedSSError(f"invalid task.per_category={cfg.task.per_category}; it must be >= 0 (0: every question)")
+    if getattr(cfg.task, "per_category", 0) and cfg.task.name != "specbench":
+        raise PackedSSError(f"task.per_category={cfg.task.per_category} is read by task=specbench only, not "
+                            f"task={cfg.task.name}; leave it out (limit= selects questions of every task)")
     if cfg.model.width is not None and cfg.model.width < 1:
         raise PackedSSError(f"invalid model.width={cfg.model.width}; the model's width must be >= 1, or null for the default")
     if cfg.width < 1:
