@@ -30,12 +30,25 @@ def lookup_draft(context: Sequence[int], draft_tokens: int, max_ngram: int = DEF
     context = list(context)
     length = len(context)
     for size in range(min(max_ngram, length - 1), 0, -1):
-        tail = context[length - size :]
-        for start in range(length - size):  # left to right: the first occurrence wins
-            if context[start : start + size] == tail:
-                follow = context[start + size : min(start + size + draft_tokens, length)]
-                return _before_eos(follow, eos_token_ids)
+        start = _first_occurrence(context, context[length - size :], length - size)
+        if start is not None:
+            follow = context[start + size : min(start + size + draft_tokens, length)]
+            return _before_eos(follow, eos_token_ids)
     return []
+
+
+def _first_occurrence(context: list[int], ngram: list[int], end: int) -> int | None:
+    """The first start < `end` where `ngram` occurs in `context`; the candidates are found by
+    list.index of its first token (C speed), not by slicing at every start."""
+    start = 0
+    while True:
+        try:
+            start = context.index(ngram[0], start, end)
+        except ValueError:
+            return None
+        if context[start : start + len(ngram)] == ngram:
+            return start
+        start += 1
 
 
 def _before_eos(draft: list[int], eos_token_ids: Container[int]) -> list[int]:
