@@ -61,10 +61,11 @@ def compare_logits(eager: torch.Tensor, compiled: torch.Tensor, tolerance: float
             "near_tie_rows": int(near.sum()), "flips_not_near_tie": decided_flips, "pass": ok}  # fmt: skip
 
 
-def graph_difference(checked: list[dict]) -> str:
-    """The one line of a compiled call whose graph differs from eager."""
+def graph_difference(checked: list[dict], consequence: str = "its timings would time a wrong call (check the static "
+                     "path's buffers, or model.compile=none)") -> str:  # fmt: skip
+    """The one line of the compiled calls whose graph differs from eager, ending with `consequence`."""
     bad = [c for c in checked if not c["pass"]]
     return (f"{GRAPH_DIFFERS}: " + "; ".join(
-        f"C={c['prefix']} B={c['block']} {c['kind']} ({c['rows']} rows): max |diff| {c['max_abs_logit_diff']:.3g} "
-        f"(tolerance {c['tolerance']:.3g}), argmax agreement {c['argmax_agreement']:.3f}" for c in bad)
-        + "; its timings would time a wrong call (check the static path's buffers, or model.compile=none)")  # fmt: skip
+        f"B={c['block']} {c['kind']} ({c['rows']} rows): max |diff| {c['max_abs_logit_diff']:.3g} "
+        f"(tolerance {c['tolerance']:.3g}), argmax agreement {c['argmax_agreement']:.3f} at C={c['prefix']}"
+        for c in bad) + f"; {consequence}")  # fmt: skip
