@@ -369,16 +369,20 @@ def row_scaling(cost, rows: int, timer: Callable | None = None, rounds: int = RO
     return RowScaling(rows, fastest[rows], fastest[2 * rows])
 
 
+def warned_row_scaling(cost, label: str, rows: int, timer: Callable | None = None) -> RowScaling:
+    """`row_scaling`, with its one warning line (RowScaling.warning) on stderr."""
+    scaling = row_scaling(cost, rows, timer)
+    if warning := scaling.warning(label):
+        print(warning, file=sys.stderr, flush=True)
+    return scaling
+
+
 def row_scaling_fields(model, rows: int, timer: Callable | None = None) -> dict:
     """For a cost twin: its cost model's row scaling (`row_scaling`) as the records' field, with
     its one warning line on stderr when it is not the memory-bound regime; {} for any other model."""
     if not isinstance(model, CostTwin):
         return {}
-    scaling = row_scaling(model.cost, rows, timer)
-    warning = scaling.warning(model.label)
-    if warning:
-        print(warning, file=sys.stderr, flush=True)
-    return scaling.record_fields()
+    return warned_row_scaling(model.cost, model.label, rows, timer).record_fields()
 
 
 def row_scaling_summary(cost, label: str, widths: list[int], timer: Callable | None = None) -> str:
@@ -386,9 +390,6 @@ def row_scaling_summary(cost, label: str, widths: list[int], timer: Callable | N
     (RowScaling.warning) printed on stderr: what a benchmark's header says of its twin."""
     parts = []
     for width in widths:
-        scaling = row_scaling(cost, width + 1, timer)
-        warning = scaling.warning(label)
-        if warning:
-            print(warning, file=sys.stderr, flush=True)
+        scaling = warned_row_scaling(cost, label, width + 1, timer)
         parts.append(f"W={width} {scaling.ratio:.2f}x")
     return f" 2B/B-row calls: {', '.join(parts)} (memory-bound: at most {MEMORY_BOUND_RATIO:g}x)"
