@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Optional
 
 from packedss.errors import ArgumentParser, PackedSSError, run_cli, run_reporting
-from packedss.records import BadLine, bad_line_warning, parse_line, rewrite_records
+from packedss.records import BadLine, bad_line_warning, iter_lines, rewrite_records
 from packedss.tasks import DataUnavailable, config_from_dict, load_task
 
 #: (task config, data directory) -> (task, its questions by id)
@@ -72,17 +72,13 @@ def load_tasks(path: Path, data_dir: Optional[str], tasks: Tasks) -> None:
     """Load the tasks of every gradable record of a file into `tasks` (reads, writes nothing).
     A file with lines but not one gradable record is not a records file: refused."""
     first_bad, any_record = None, False
-    with open(path, "rb") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            record, error = parse_line(line)
-            reason = error or gradable(record)
-            if not reason:
-                task_for(record, data_dir, tasks)
-                any_record = True
-            elif first_bad is None:
-                first_bad = f"line {number}: {reason}"
+    for number, record, error in iter_lines(path):
+        reason = error or gradable(record)
+        if not reason:
+            task_for(record, data_dir, tasks)
+            any_record = True
+        elif first_bad is None:
+            first_bad = f"line {number}: {reason}"
     if first_bad is not None and not any_record:
         raise PackedSSError(f"{path} is not a records file ({first_bad}, and no line is a record); "
                             "name records files written by run.py (JSON lines) or their folder")  # fmt: skip
