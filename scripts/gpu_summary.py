@@ -243,7 +243,7 @@ def graph_vs_eager(checks: Checks, run: dict | None, report: dict | None) -> Non
     bad = [c for c in compared if not c["pass"]]
     unchecked = sorted({(c["block"], c["kind"]) for c in run.get("calls", [])}
                        - {(c["block"], c["kind"]) for c in compared if c["pass"]})  # fmt: skip
-    where = f" ({report['device']}, compile={report['compile']})"
+    where = f" ({report.get('device_name', report['device'])}, {report['dtype']}, compile={report['compile']})"
     if bad:
         detail = GRAPH_DIFFERS + ": " + "; ".join(
             f"B={c['block']} {c['kind']} ({c['rows']} rows): max |diff| {fmt(c['max_abs_logit_diff'])} > "

@@ -89,6 +89,7 @@ def test_the_8b_checks_pass_on_memory_bound_graph_calls_and_fail_on_each_fault(t
     assert "| 1024 | 8 | packed | 16 | 5.280 |" in printed  # B = 8: only Packed-SS's call was timed
     assert "| 16.00 | 0.000 | 0.000 | 4.000 | 1.32 |" in printed  # weights, KV read, KV repeat, floor, call / floor
     assert good["graph-vs-eager-8b"]["status"] == "PASS" and "7 calls compared" in good["graph-vs-eager-8b"]["detail"]
+    assert "bfloat16, compile=" in good["graph-vs-eager-8b"]["criterion"]  # the regime it was checked in
     assert [r["block"] for r in good["ratio-2B-B-8b"]["ratios"]] == [16, 32]
     assert judge(tmp_path, {"graphs-8b": graphs_report(calls_at(1.5))})["memory-bound-8b"]["status"] == "FAIL"
     assert judge(tmp_path, {"graphs-8b": graphs_report(calls_at(1.1, hbm_factor=2.5))})["hbm-floor-8b"]["status"] == "FAIL"
