@@ -61,7 +61,7 @@ class _LTRLookup(_LTRDecoder):
         sampling = self.settings.sampling
         drafts = uploaded(self.lookup(), self.model.device)
         logits = yield from self.verify_call(drafts)
-        if sampling.greedy:  # plain verify, which the batch engine runs for every request at once
+        if sampling.greedy or sampling.rule == "match":  # no q read: plain verify, batched across requests
             emitted = yield Host(verify, logits, drafts, None, sampling)
         else:
             emitted = yield Host(verify_lookup, logits, drafts, sampling)
