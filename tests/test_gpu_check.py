@@ -596,3 +596,15 @@ def test_the_dry_run_goes_through_on_the_cpu(gpu_dry_run):
     # the empty environment's run (tests/test_gpu_rehearsal.py) when the package index is reachable, else the
     # project's Python: dry_run's checks hold for either
     assert gpu_dry_run.report["steps"]["preflight"]["versions"]["transformers"] == __import__("transformers").__version__
+
+
+def test_the_summarys_own_copies_of_the_kits_labels_are_the_kits():
+    """gpu_summary.py imports no torch, so it keeps its own copies of two labels: they must stay
+    the words the steps write."""
+    import runpy
+
+    from packedss.benchmark.graph_check import GRAPH_DIFFERS
+
+    concurrency = runpy.run_path(str(PROJECT_ROOT / "scripts" / "gpu_concurrency.py"), run_name="not_main")
+    assert summary.GRAPH_DIFFERS == GRAPH_DIFFERS
+    assert summary.CONCURRENCY_REGIME == concurrency["REGIME"]
