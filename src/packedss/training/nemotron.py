@@ -18,6 +18,7 @@ import json
 import random
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -114,12 +115,14 @@ def train_nemotron(config: TrainConfig, out_dir: Path, init_from: str | None = N
     shutil.rmtree(tok_dir, ignore_errors=True)
 
 
-def train_proposal_lora(config: TrainConfig, base_dir: Path, out_dir: Path, base_label: str) -> None:
+def train_proposal_lora(config: TrainConfig, base_dir: Path, out_dir: Path, base_label: str,
+                        clock: Callable[[], float] = time.time) -> None:  # fmt: skip
     """Train the proposal LoRA of the `tiny` checkpoint base_dir into out_dir (PEFT layout);
-    `base_label` names the base in the training record."""
+    `base_label` names the base in the training record; `clock` (seconds) is what the wall-clock
+    cap and the record's minutes read."""
     from packedss.models.lora import ProposalLoRA, save_peft_adapter
 
-    started = time.time()
+    started = clock()
     seed_all(config.seed)
     adapter, tok = frozen_base(base_dir)
     examples = lora_examples(config, base_dir, tok)
@@ -139,9 +142,10 @@ def train_proposal_lora(config: TrainConfig, base_dir: Path, out_dir: Path, base
             ids["pad"],
         )
 
-    steps_run = train_lora_steps(config, started, adapter, lora, draft_batch)
-    save_peft_adapter(lora, out_dir, extra={"packedss_training": lora_record(config, base_label, steps_run, started)})
-    print(f"[done] saved {out_dir} after {steps_run} steps in {(time.time() - started) / 60:.1f} min", flush=True)
+    steps_run = train_lora_steps(config, started, adapter, lora, draft_batch, clock)
+    minutes = (clock() - started) / 60
+    save_peft_adapter(lora, out_dir, extra={"packedss_training": lora_record(config, base_label, steps_run, minutes)})
+    print(f"[done] saved {out_dir} after {steps_run} steps in {minutes:.1f} min", flush=True)
 
 
 def frozen_base(base_dir: Path):
@@ -168,16 +172,17 @@ def lora_examples(config: TrainConfig, base_dir: Path, tok) -> list:
     return encode_examples(tok, corpus, config.max_len)
 
 
-def train_lora_steps(config: TrainConfig, started: float, adapter, lora, draft_batch) -> int:
+def train_lora_steps(config: TrainConfig, started: float, adapter, lora, draft_batch,
+                     clock: Callable[[], float] = time.time) -> int:  # fmt: skip
     """Up to config.lora_steps AdamW steps of the LoRA on `draft_batch()` batches (stopping at the
-    wall-clock cap); the steps run, as the training record counts them."""
+    wall-clock cap, read on `clock`); the steps run, as the training record counts them."""
     opt = torch.optim.AdamW(lora.parameters(), lr=config.lora_lr, weight_decay=0.0)
     adapter.backbone.train()
     ema = None
-    t0 = time.time()
-    step = 0
+    t0 = clock()
+    steps_run = 0
     for step in range(config.lora_steps):
-        if config.max_minutes and time.time() - started > config.max_minutes * 60:
+        if config.max_minutes and clock() - started > config.max_minutes * 60:
             print(f"[lora] wall-clock cap reached after {step} steps", flush=True)
             break
         batch = draft_batch()
@@ -188,12 +193,13 @@ def train_lora_steps(config: TrainConfig, started: float, adapter, lora, draft_b
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        steps_run = step + 1
         values = torch.stack([kl.detach(), ce.detach()])
         ema = values if ema is None else 0.95 * ema + 0.05 * values
         if step % config.log_every == 0 or step == config.lora_steps - 1:
-            rate = (time.time() - t0) / (step + 1)
+            rate = (clock() - t0) / (step + 1)
             print(f"[lora] step {step} kl {ema[0]:.3f} ce {ema[1]:.3f} {rate:.2f}s/step", flush=True)
-    return step + 1
+    return steps_run
 
 
 def distillation_losses(adapter, lora, batch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -220,7 +226,7 @@ def distillation_losses(adapter, lora, batch) -> tuple[torch.Tensor, torch.Tenso
     return kl, ce
 
 
-def lora_record(config: TrainConfig, base_label: str, steps_run: int, started: float) -> dict:
+def lora_record(config: TrainConfig, base_label: str, steps_run: int, minutes: float) -> dict:
     """The adapter's training record (packedss_training.json)."""
     return {
         "script": "scripts/train_tiny.py --lora",
@@ -230,5 +236,5 @@ def lora_record(config: TrainConfig, base_label: str, steps_run: int, started: f
         "batch": config.batch,
         "lr": config.lora_lr,
         "objective": "KL(verifier || drafter) + %.2f * CE(verifier argmax) on draft rows" % config.lora_ce,
-        "train_minutes": round((time.time() - started) / 60, 1),
+        "train_minutes": round(minutes, 1),
     }
