@@ -168,3 +168,16 @@ def test_a_job_preparing_gives_lines_until_its_responses_are_counted():
         quiet.tick()  # tick is asked for here; on a terminal the heartbeat is off (no thread, no current)
         assert JobHeartbeat.current is None
     assert terminal.getvalue() == ""
+
+
+def test_the_heartbeats_timer_gives_its_line_within_a_second_of_it_being_due():
+    """The heartbeat's lines come from the timer alone while a job loads; the timer asks at least
+    once a second (not once an interval: the fake clock's 31 s pass at once, the wall's do not)."""
+    from packedss.progress import JobHeartbeat
+
+    clock, log = FakeClock(), Lines(wanted=1)
+    with JobHeartbeat("tiny/arith/packed", file=log, interval_s=30, clock=clock):
+        clock.now += 31
+        reached = log.reached.wait(timeout=25)  # well under the 30 s a timer waiting an interval would take
+    assert reached, log.getvalue()
+    assert log.getvalue().splitlines() == ["tiny/arith/packed: preparing (model, data, warm-up), 31 s so far"]

@@ -50,6 +50,19 @@ def done_and_left(done: int, total: int, unit: str, elapsed_s: float) -> str:
     return f"{text}; about {duration(per_item * left)} left ({duration(per_item)} a {unit}, from the {done} done)"
 
 
+def start_ticking(tick: Callable[[], None], stopped: threading.Event, interval_s: float) -> threading.Thread:
+    """The timer thread of a progress that prints lines: `tick()` (which decides whether a line is
+    due) at least once a second, more often when `interval_s` is shorter, until `stopped` is set."""
+
+    def tick_until_stopped() -> None:
+        while not stopped.wait(min(interval_s, 1.0)):
+            tick()
+
+    thread = threading.Thread(target=tick_until_stopped, daemon=True)
+    thread.start()
+    return thread
+
+
 class SweepProgress:
     """A sweep's progress lines: `sweep: 0 of 45 jobs done, 45 left, ...` at the start and after
     each job (a failed job is done too; the line says how many failed)."""
@@ -92,9 +105,7 @@ class PlainProgress:
         self.lock = threading.Lock()
         self.stopped = threading.Event()
         self.line()
-        self.thread = threading.Thread(target=self._tick_until_closed, daemon=True) if timer else None
-        if self.thread is not None:
-            self.thread.start()
+        self.thread = start_ticking(self.tick, self.stopped, interval_s) if timer else None
 
     def update(self, n: int = 1) -> None:
         with self.lock:
@@ -127,10 +138,6 @@ class PlainProgress:
         if self.printed != (self.done, self.postfix):
             self.line()
 
-    def _tick_until_closed(self) -> None:
-        while not self.stopped.wait(min(self.interval_s, 1.0)):
-            self.tick()
-
 
 class JobHeartbeat:
     """While a job prepares (`with JobHeartbeat(label):` around it), when `file` is not a
@@ -154,8 +161,7 @@ class JobHeartbeat:
         if self.enabled:
             JobHeartbeat.current = self
             if self.timer:
-                self.thread = threading.Thread(target=self._tick_until_stopped, daemon=True)
-                self.thread.start()
+                self.thread = start_ticking(self.tick, self.stopped, self.interval_s)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -183,10 +189,6 @@ class JobHeartbeat:
             self.last_line = now
             print(f"{self.label}: preparing (model, data, warm-up), {duration(now - self.started)} so far",
                   file=self.file, flush=True)  # fmt: skip
-
-    def _tick_until_stopped(self) -> None:
-        while not self.stopped.wait(min(self.interval_s, 1.0)):
-            self.tick()
 
 
 def response_progress(total: int, desc: str, enabled: bool, file: Optional[IO[str]] = None, **plain):
