@@ -14,7 +14,6 @@ import pytest
 from evalplus.eval._special_oracle import MBPP_OUTPUT_NOT_NONE_TASKS
 
 from packedss.tasks import load_task, load_task_config
-from packedss.tasks import code
 from packedss.tasks.code import _imported_modules, canonical_output
 
 DATA_SETS = [
@@ -114,14 +113,12 @@ def test_return_none_copy():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task_name, overrides, file_name, count", DATA_SETS, ids=["humaneval", "mbpp-plus", "mbpp-original"])
-def test_reference_solutions_pass_and_stubs_fail(shared_data, h, monkeypatch, request, task_name, overrides, file_name,
+def test_reference_solutions_pass_and_stubs_fail(shared_data, h, request, task_name, overrides, file_name,
                                                   count):  # fmt: skip
     h.need(shared_data, file_name)
-    # this test is about inputs and outputs: on a loaded machine a reference solution's time
-    # may exceed EvalPlus's per-input limit (4 x its own time, at least 1 s) or the task's 10 s
-    # (mbpp/123 takes several seconds alone) by chance
-    monkeypatch.setattr(code, "EVALPLUS_MIN_TIME_LIMIT_S", 20.0)
-    task = load_task(load_task_config(task_name, time_limit_s=60.0, **overrides), str(shared_data))
+    # The task's own limits (10 s a program, EvalPlus's per-input limits): a solution the load
+    # stretches past them runs again alone on its CPU clock, and that verdict counts (docs/sandbox.md §8)
+    task = load_task(load_task_config(task_name, **overrides), str(shared_data))
     every = task.questions()
     assert len(every) == count
     qs = graded_part(every, request.config.getoption("all_references"))
@@ -129,7 +126,7 @@ def test_reference_solutions_pass_and_stubs_fail(shared_data, h, monkeypatch, re
     stubs = [(q, fenced(return_none_copy(full_solution(task_name, q)))) for q in qs]
     grades = task.grade_many(references + stubs)
     reference_failures = [
-        (q.question_id, g.details.get("status"), g.details.get("stderr_tail", "")[-300:])
+        (q.question_id, g.details.get("status"), g.attempts, g.details.get("stderr_tail", "")[-300:])
         for (q, _), g in zip(references, grades[:len(qs)])
         if not g.correct
     ]
