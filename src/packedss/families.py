@@ -86,6 +86,16 @@ class Family:
         """The largest W whose block fits a drafter of `max_block` rows (0: none does)."""
         return max((w for w in range(1, max_block + 1) if self.block_of_width(w) <= max_block), default=0)
 
+    def prompt_reserve(self, config: dict) -> int:
+        """The rows a model's prompts leave for a call beside the output cap: the largest call any
+        of the family's schedules makes at the largest width the checkpoint's drafter holds (a
+        family whose checkpoints state no limit: its training block, config.json `block_size`).
+        It is the model's, not the job's, so every schedule and every width of a model decodes the
+        same prompt (an AR run pairs with the runs of every W)."""
+        block = self.max_block(config) or config.get("block_size")
+        width = self.largest_width(int(block)) if block else 1
+        return max(decoder.largest_call_rows(width) for decoder in self.decoders)
+
 
 def _load_nemotron(path: Path, device, dtype: str) -> CallModel:
     from packedss.models.nemotron import load_nemotron

@@ -133,6 +133,7 @@ class ResolvedJob:
     model_config: ModelConfig  # the model's settings as plain values (what the loaders take)
     model_path: Path  # the checkpoint's local directory
     max_block: Optional[int]  # the largest block its drafter holds (None: its config.json states none)
+    prompt_reserve: int  # the rows every prompt of the model leaves for a call (Family.prompt_reserve)
     device: Any  # the torch.device it runs on
     cost: Any  # the cost twin's checked packedss.models.cost_twin.CostSpec; None: the model's own time
     task_config: Any  # the TaskConfig (the identity holds its fields)
@@ -179,7 +180,8 @@ def job_spec(cfg) -> ResolvedJob:
     threads = cfg.threads if cfg.threads > 0 else (1 if device.type == "cpu" else torch.get_num_threads())
     cost = cost_of(cfg.model, device, dtype)
     model_path = resolve_path(cfg.model, select_checkpoint(cfg.model, cfg.checkpoint_dirs))
-    max_block = family.max_block(read_config(model_path, f"model {cfg.model.name}"))
+    checkpoint_config = read_config(model_path, f"model {cfg.model.name}")
+    max_block = family.max_block(checkpoint_config)
     validate_width(cfg, max_block)
     task_config = task_config_for(cfg)
     identity = identity_of(cfg, task_config, device=device_name(device), dtype=dtype, threads=threads,
@@ -188,7 +190,8 @@ def job_spec(cfg) -> ResolvedJob:
                "max_ngram": identity.max_ngram}
     return ResolvedJob(
         identity=identity, model_config=ModelConfig(**OmegaConf.to_container(cfg.model, resolve=True)),
-        model_path=model_path, max_block=max_block, device=device, cost=cost, task_config=task_config,
+        model_path=model_path, max_block=max_block,
+        prompt_reserve=family.prompt_reserve(checkpoint_config), device=device, cost=cost, task_config=task_config,
         width=int(cfg.width), width_source=width_source(cfg) if identity.width else None, sampling_rule=cfg.verify,
         settings_fields=family.settings_fields(identity.schedule, options, max_block),
         limit=cfg.limit, samples=int(cfg.samples), repeats=int(cfg.repeats), data_dir=cfg.data_dir,

@@ -150,9 +150,22 @@ class Resume:
 
     done: set[tuple[str, int, int]]
     bad_lines: list[BadLine]
+    prompt_tokens: dict[str, int]  # question_id -> the prompt length its records were decoded from
 
     def warnings(self) -> list[str]:
         return [bad_line_warning(bad, RESUME_KEEPS_IT) for bad in self.bad_lines]
+
+    def check_prompts(self, path: Path, prompt_tokens: dict[str, int]) -> None:
+        """The records were decoded from the prompts the job builds now (question_id -> length): a
+        prompt of another length (another template, tokenizer or cut to the context) would append
+        responses to other inputs under the same identity."""
+        for question_id, recorded in self.prompt_tokens.items():
+            built = prompt_tokens.get(question_id, recorded)
+            if built != recorded:
+                raise PackedSSError(
+                    f"{path} holds {question_id} decoded from a prompt of {recorded} tokens, but this job builds it "
+                    f"with {built}; move the file away or choose another out_dir to decode them afresh"
+                )
 
 
 def repair_torn_tail(path: str | Path) -> int:
@@ -213,11 +226,11 @@ class RecordWriter:
         hash, and the lines that are not sound records (not counted as done: docs/records.md §4)
         that no earlier resume of this writer returned."""
         records, bad = read_records(self.path)
-        done = {(r["question_id"], r.get("sample", 0), r["repeat"]) for r in records
-                if r.get("config_hash") == config_hash_value}  # fmt: skip
+        own = [r for r in records if r.get("config_hash") == config_hash_value]
+        done = {(r["question_id"], r.get("sample", 0), r["repeat"]) for r in own}
         unnamed = [line for line in bad if line.line not in self._named]  # a job's later pass names none again
         self._named.update(line.line for line in unnamed)
-        return Resume(done, unnamed)
+        return Resume(done, unnamed, {r["question_id"]: r["prompt_tokens"] for r in own})
 
     def append(self, record: dict) -> None:
         """Append one whole record; when a write fails (a full disk) the partial line is cut off."""

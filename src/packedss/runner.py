@@ -167,6 +167,7 @@ def run_responses(job: ResolvedJob, resources: JobResources, writer: RecordWrite
     resume = writer.resume(job.identity.config_hash)
     for warning in resume.warnings():  # bad lines: kept, named, and not counted as done
         print(warning, file=sys.stderr)
+    resume.check_prompts(job.record_path, {q: len(p.ids) for q, p in resources.prompts.items()})
     pending = pending_responses(responses, resume.done)
     fields = job_fields(job.identity) | {"width_source": job.width_source} | warm_up(job, resources, pending)
     fields |= row_scaling_fields(resources.model, job.width + 1) if pending else {}  # a cost twin's regime
@@ -203,7 +204,7 @@ def job_resources(job: ResolvedJob, weights: Weights | None = None) -> JobResour
         weights = load_weights(job, tokenizer, max(map(len, ids.values())), largest_call)
     eos_token_ids = weights.adapter.eos_token_ids + end_of_turn_ids(job.model_config, tokenizer)
     stops = task.stop_for(spec.chat)
-    prompts = fitted_prompts(spec, weights.adapter, ids, largest_call, tokenizer.bos_token_id)
+    prompts = fitted_prompts(spec, weights.adapter, ids, job.prompt_reserve, tokenizer.bos_token_id)
     capacity = static_capacity(max(len(p.ids) for p in prompts.values()), spec.max_new_tokens, largest_call)
     model = call_model(job, weights, capacity)
     # Slots beyond the job's responses would never be used (the memory check is for C).
@@ -231,15 +232,16 @@ def load_weights(job: ResolvedJob, tokenizer, longest_prompt: int, largest_call:
     return Weights(load_adapter(job.model_config, job.family, job.model_path, job.device, spec.dtype), tokenizer)
 
 
-def fitted_prompts(spec: JobSpec, adapter, ids: dict[str, list[int]], largest_call: int,
+def fitted_prompts(spec: JobSpec, adapter, ids: dict[str, list[int]], reserve: int,
                    bos_token_id) -> dict[str, Prompt]:  # fmt: skip
     """Each prompt cut from its left to what the model's context leaves beside the output cap and
-    the largest call."""
-    budget = adapter.prompt_budget(spec.max_new_tokens, largest_call)
+    the model's reserve for a call (`ResolvedJob.prompt_reserve`: the same for every schedule and
+    width of the model, so the runs a table pairs decode the same prompts)."""
+    budget = adapter.prompt_budget(spec.max_new_tokens, reserve)
     if budget is not None and budget < 1:
         raise PackedSSError(
-            f"max_new_tokens={spec.max_new_tokens} and the {spec.schedule} calls at width {spec.call_width} leave "
-            f"no room for a prompt in model {spec.model}'s context; lower max_new_tokens or the width"
+            f"max_new_tokens={spec.max_new_tokens} leaves no room for a prompt in model {spec.model}'s context "
+            f"(a prompt budget of {budget} tokens); lower max_new_tokens"
         )
     fitted = {question_id: fit_prompt(prompt, budget, bos_token_id) for question_id, prompt in ids.items()}
     return {question_id: Prompt(f, len(ids[question_id]) - len(f)) for question_id, f in fitted.items()}

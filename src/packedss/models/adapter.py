@@ -98,10 +98,12 @@ class BackboneAdapter:
 
     def prompt_budget(self, max_new_tokens: int, call_rows: int) -> int | None:
         """The most prompt tokens a response can take within the positions the model was trained
-        on: prompt + max_new_tokens + its largest call of `call_rows` must fit
-        `max_position_embeddings`. None: the backbone states no limit."""
+        on: prompt + max_new_tokens must fit `max_position_embeddings`, whatever the schedule
+        (`call_rows`, the model's reserve for a call, is for a model with a hard context). A call
+        reaching past them holds only rows of tokens past the output cap, which are never emitted
+        (rotary positions extend past the trained ones). None: the backbone states no limit."""
         positions = getattr(self.backbone.config, "max_position_embeddings", None)
-        return None if positions is None else positions - max_new_tokens - call_rows
+        return None if positions is None else positions - max_new_tokens
 
     @property
     def cached_rows(self) -> int:

@@ -96,8 +96,8 @@ class SetDLMAdapter(BackboneAdapter):
         self._dropped = 0  # cache rows the current call dropped
 
     def prompt_budget(self, max_new_tokens: int, call_rows: int) -> int | None:
-        """The model drops its oldest cache rows itself, so only the prefill call must fit the
-        context (the base rule when the checkpoint states none)."""
+        """The model drops its oldest cache rows itself, so only the prefill call (the prompt and
+        at most `call_rows`) must fit the context (the base rule when the checkpoint states none)."""
         if self.context is None:
             return super().prompt_budget(max_new_tokens, call_rows)
         return self.context - call_rows
