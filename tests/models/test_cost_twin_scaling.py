@@ -22,6 +22,12 @@ TINY = PROJECT_ROOT / "assets" / "models" / "tiny"
 CPU = torch.device("cpu")
 
 
+@pytest.fixture(autouse=True)
+def measured_afresh(monkeypatch):
+    """Each test starts with no row scaling measured in the process (and leaves none behind)."""
+    monkeypatch.setattr(cost_twin, "MEASURED_ROW_SCALING", {})
+
+
 @pytest.fixture(scope="module")
 def cost():
     return random_adapter(shape_config("test"), CPU, torch.float32, mask_token_id=3)
@@ -118,3 +124,44 @@ def test_the_schedule_benchmarks_header_gives_its_twins_row_scaling_per_width(mo
     assert report.header.endswith(f" 2B/B-row calls: W=2 1.00x, W=8 2.00x (memory-bound: at most {MEMORY_BOUND_RATIO:g}x)")
     warnings = [line for line in capsys.readouterr().err.splitlines() if line.startswith("warning: cost twin")]
     assert len(warnings) == 1 and "a call of 18 rows took 2.00x a call of 9 rows" in warnings[0]
+
+
+def test_a_twins_row_scaling_is_measured_once_per_label_rows_and_threads_in_a_process(cost, capsys):
+    seen = []
+    timer = scripted({rows: [1.0 + (rows == 18)] * 6 for rows in (4, 8, 9, 18)}, seen)  # 18 rows: 2x 9 rows
+    first = row_scaling_fields(CostTwin(cost, cost, "test:2L:float32:cpu"), 9, timer)
+    assert len(seen) == 4
+    later = row_scaling_fields(CostTwin(cost, cost.twin(), "test:2L:float32:cpu"), 9, timer)  # a later job's twin
+    assert len(seen) == 4 and later == first  # not timed again: the first job's measurement
+    assert capsys.readouterr().err.count("warning: cost twin test:2L:float32:cpu") == 2  # each job says it
+    row_scaling_fields(CostTwin(cost, cost, "test:2L:float32:cpu"), 4, timer)  # another width
+    assert [rows for rows, _ in seen[4:]] == [4, 8, 4, 8] and len(seen) == 8
+    row_scaling_fields(CostTwin(cost, cost, "test:1L:float32:cpu"), 9, timer)  # another cost model
+    assert len(seen) == 12
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)
+    try:
+        row_scaling_fields(CostTwin(cost, cost, "test:2L:float32:cpu"), 9, timer)  # another thread count
+    finally:
+        torch.set_num_threads(threads)
+    assert len(seen) == 16
+
+
+@pytest.mark.skipif(not (TINY / "config.json").is_file(), reason="the shipped tiny model is absent")
+def test_a_sweeps_later_job_of_the_same_twin_and_width_reuses_the_first_ones_row_scaling(
+    composed, tmp_path, monkeypatch, capsys  # noqa: F811
+):
+    measured = []
+    monkeypatch.setattr(cost_twin, "row_scaling", lambda *args, **kw: measured.append(args[1]) or row_scaling(*args, **kw))
+    out = tmp_path / "out"
+    common = ["model=tiny", "width=8", "limit=1", "max_new_tokens=8", "progress=false", "model.cost_shape=test",
+              f"out_dir={out}"]  # fmt: skip
+    monkeypatch.setattr(cost_twin, "charged_seconds", _timed_by_rows(2.0))
+    run_job(composed(["schedule=packed", *common]))
+    monkeypatch.setattr(cost_twin, "charged_seconds", _timed_by_rows(1.1))  # a second measurement would say 1.1x
+    run_job(composed(["schedule=linear", *common]))
+    assert measured == [9]  # the first job's warm-up timed B = 9 and 18 rows; the second job's did not
+    records = all_records(out)
+    assert sorted(r["schedule"] for r in records) == ["linear", "packed"]
+    assert {r["cost_row_scaling"]["ratio"] for r in records} == {2.0}
+    assert capsys.readouterr().err.count("warning: cost twin test:2L:float32:cpu: a call of 18 rows took 2.00x") == 2

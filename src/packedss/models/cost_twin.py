@@ -369,20 +369,28 @@ def row_scaling(cost, rows: int, timer: Callable | None = None, rounds: int = RO
     return RowScaling(rows, fastest[rows], fastest[2 * rows])
 
 
-def warned_row_scaling(cost, label: str, rows: int, timer: Callable | None = None) -> RowScaling:
-    """`row_scaling`, with its one warning line (RowScaling.warning) on stderr."""
-    scaling = row_scaling(cost, rows, timer)
+def warned(scaling: RowScaling, label: str) -> RowScaling:
+    """`scaling`, after its one warning line (RowScaling.warning) on stderr, if any."""
     if warning := scaling.warning(label):
         print(warning, file=sys.stderr, flush=True)
     return scaling
 
 
+# (cost model label, B rows, intra-op threads) -> its row scaling, measured once in a process:
+# a sweep's later jobs of the same twin and width reuse the first one's.
+MEASURED_ROW_SCALING: dict[tuple[str, int, int], RowScaling] = {}
+
+
 def row_scaling_fields(model, rows: int, timer: Callable | None = None) -> dict:
-    """For a cost twin: its cost model's row scaling (`row_scaling`) as the records' field, with
-    its one warning line on stderr when it is not the memory-bound regime; {} for any other model."""
+    """For a cost twin: its cost model's row scaling (`row_scaling`, measured once per label, rows
+    and threads in this process) as the records' field, with its one warning line on stderr when
+    it is not the memory-bound regime; {} for any other model."""
     if not isinstance(model, CostTwin):
         return {}
-    return warned_row_scaling(model.cost, model.label, rows, timer).record_fields()
+    key = (model.label, rows, torch.get_num_threads())
+    if key not in MEASURED_ROW_SCALING:
+        MEASURED_ROW_SCALING[key] = row_scaling(model.cost, rows, timer)
+    return warned(MEASURED_ROW_SCALING[key], model.label).record_fields()
 
 
 def row_scaling_summary(cost, label: str, widths: list[int], timer: Callable | None = None) -> str:
@@ -390,6 +398,6 @@ def row_scaling_summary(cost, label: str, widths: list[int], timer: Callable | N
     (RowScaling.warning) printed on stderr: what a benchmark's header says of its twin."""
     parts = []
     for width in widths:
-        scaling = warned_row_scaling(cost, label, width + 1, timer)
+        scaling = warned(row_scaling(cost, width + 1, timer), label)
         parts.append(f"W={width} {scaling.ratio:.2f}x")
     return f" 2B/B-row calls: {', '.join(parts)} (memory-bound: at most {MEMORY_BOUND_RATIO:g}x)"
