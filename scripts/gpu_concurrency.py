@@ -8,10 +8,12 @@ own record file), then the analysis's concurrency and crossover tables (docs/con
 docs/analysis.md §10). While the sweeps run, --json is rewritten every 2 s with the responses
 each record file holds, so a run cut short keeps what it decoded; at the end it holds the
 tables' rows and the divergence audit's counts (every lossless response against AR's at the same
-C). Prints both tables under their regime line: the cost twin's calls run eagerly, so on a GPU
-each 8B call is bound by the host's dispatch (about 40 ms of Python against a memory floor of
-about 4 ms), and the crossover is that of "eager, host-bound" calls (the call counts' ratio),
-not of memory-bound against compute-bound ones; the JSON's `regime` says so too.
+C). Prints both tables under their regime line, which names what their figures were measured in
+as the records' label does (eager, dtype, threads, device, cost model; the JSON's `measured_in`):
+the cost twin's calls run eagerly, so on a GPU each 8B call is bound by the host's dispatch
+(about 40 ms of Python against a memory floor of about 4 ms), and the crossover is that of
+"eager, host-bound" calls (the call counts' ratio), not of memory-bound against compute-bound
+ones; the JSON's `regime` says so too.
 
     python scripts/gpu_concurrency.py --shape nemotron8b --device cuda --concurrency 1,4,16,64 --json results/gpu_check/concurrency-8b.json
 """
@@ -67,6 +69,18 @@ def responses(records: Path) -> dict[str, int]:
         with path.open() as handle:
             counts[path.name] = sum(1 for line in handle if line.endswith("\n"))
     return counts
+
+
+def measured_in(rows: list[dict]) -> str:
+    """The regime of a table's rows as the analysis labels its runs (eager or compiled, dtype,
+    threads, device, cost model: the records' own `measured_in` column)."""
+    return " | ".join(sorted({row["measured_in"] for row in rows}))
+
+
+def regime_line(shape: str, regime: str) -> str:
+    """The line over the printed tables: what their figures were measured in, and why host-bound."""
+    return (f"regime: {REGIME}; measured in: {regime} (the {shape} cost twin's calls run eagerly: each is bound by the "
+            "host's dispatch, so the crossover below is that of the call counts, not of memory-bound calls)")
 
 
 def main(argv=None) -> int:
@@ -138,14 +152,14 @@ def main(argv=None) -> int:
         status = analysis_main([str(records), "--tables", "concurrency", "--figures", "C1", "--out", str(analysis)])
     if status:
         return 1
-    print(f"regime: {REGIME} (the {args.shape} cost twin's calls run eagerly on {args.device}: each is bound by the "
-          "host's dispatch, so the crossover below is that of the call counts, not of memory-bound calls)\n")
-    for name in ("concurrency", "crossover"):
-        print((analysis / "tables" / f"{name}.md").read_text())
     runs = _rows(analysis / "tables" / "runs.csv")
     report["audit"] = {kind: sum(int(float(row[kind])) for row in runs if row[kind]) for kind in ("Equal", "Numerical", "Unexplained")}
     report["table"] = _rows(analysis / "tables" / "concurrency.csv")
     report["crossover"] = _rows(analysis / "tables" / "crossover.csv")
+    report["measured_in"] = measured_in(report["table"])
+    print(regime_line(args.shape, report["measured_in"]) + "\n")
+    for name in ("concurrency", "crossover"):
+        print((analysis / "tables" / f"{name}.md").read_text())
     report["done"] = True
     write()
     return 0

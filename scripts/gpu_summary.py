@@ -168,6 +168,12 @@ def syncs(checks: Checks, steps: dict) -> None:
                    per + cut_short(report), syncs=rows)  # fmt: skip
 
 
+def calls_regime(report: dict) -> str:
+    """What the calls step's figures were measured in: device, dtype, compile mode and threads."""
+    return (f"{report.get('device_name', report['device'])}, {report['dtype']}, compile={report['compile']}, "
+            f"{report['threads']} threads")  # fmt: skip
+
+
 def graph_calls(checks: Checks, steps: dict, cuda: bool) -> None:
     """The 8B shape's calls under CUDA graphs: the per-call table, then the checks."""
     report = steps.get("graphs-8b")
@@ -185,9 +191,11 @@ def graph_calls(checks: Checks, steps: dict, cuda: bool) -> None:
         return
     calls, ratios = run["calls"], run["ratios_2B_B"]
     first = calls[0]
-    where = report.get("device_name", report["device"])
-    checks.say(f"8b shape ({run['params'] / 1e9:.2f}B parameters, {report['dtype']}, compile={report['compile']}, "
-               f"{where}): weight bytes {first['weight_bytes'] / 1e9:.2f} GB; device-to-device copy "
+    where = f" ({calls_regime(report)})"
+    replay_criterion, ratio_criterion, floor_criterion = (c + where for c in (replay_criterion, ratio_criterion,
+                                                                              floor_criterion))  # fmt: skip
+    checks.say(f"8b shape ({run['params'] / 1e9:.2f}B parameters, {calls_regime(report)}): weight bytes "
+               f"{first['weight_bytes'] / 1e9:.2f} GB; device-to-device copy "
                f"{first['copy_gbs']:.1f} GB/s; compile s per shape: "
                + ", ".join(f"{k} {v:.0f}" for k, v in run.get("compile_s", {}).items()))  # fmt: skip
     checks.say("HBM floor of a call = (weights + its K/V read + the K/V its masked SDPA repeats to the query heads, "
@@ -201,13 +209,13 @@ def graph_calls(checks: Checks, steps: dict, cuda: bool) -> None:
         moved = c.get("traffic") or {"weights": c["weight_bytes"], "kv_read": math.nan, "kv_repeat": math.nan}
         checks.say(f"| {c['prefix']} | {c['block']} | {c['kind']} | {c['rows']} | {c['compiled_ms']:.3f} | "
                    f"{c['eager_ms']:.3f} | {c['products_ms']:.3f} | {moved['weights'] / 1e9:.2f} | "
-                   f"{moved['kv_read'] / 1e9:.3f} | {moved['kv_repeat'] / 1e9:.3f} | {c['hbm_floor_ms']:.3f} | "
+                   f"{moved['kv_read'] / 1e9:.3f} | {moved['kv_repeat'] / 1e9:.3f} | {c['compiled_hbm_floor_ms']:.3f} | "
                    f"{c['compiled_hbm']:.2f} | {c['compiled_gbs']:.1f} |")  # fmt: skip
     ratio_text = ", ".join(f"B={r['block']}: eager {r['eager']:.2f}x, compiled {r['compiled']:.2f}x" for r in ratios)
-    checks.add("ratio-2B-B-8b", "INFO", f"8b shape: 2B-row call / B-row call, eager and under compile={report['compile']}",
+    checks.add("ratio-2B-B-8b", "INFO", f"8b shape: 2B-row call / B-row call, eager and compiled{where}",
                ratio_text or "no block timed both calls", ratios=ratios)  # fmt: skip
-    numbers = {"copy_gbs": first["copy_gbs"], "hbm_floor_ms": first["hbm_floor_ms"], "weight_bytes": first["weight_bytes"],
-               "traffic": first.get("traffic")}  # fmt: skip
+    numbers = {"copy_gbs": first["copy_gbs"], "compiled_hbm_floor_ms": first["compiled_hbm_floor_ms"],
+               "weight_bytes": first["weight_bytes"], "traffic": first.get("traffic")}  # fmt: skip
     replayed = [c["graph_replays_min"] for c in calls]
     if not cuda or report["compile"] != "reduce-overhead" or any(r is None for r in replayed):
         reason = NO_CUDA if not cuda else f"compile={report['compile']} records no CUDA graphs"
@@ -243,7 +251,7 @@ def graph_vs_eager(checks: Checks, run: dict | None, report: dict | None) -> Non
     bad = [c for c in compared if not c["pass"]]
     unchecked = sorted({(c["block"], c["kind"]) for c in run.get("calls", [])}
                        - {(c["block"], c["kind"]) for c in compared if c["pass"]})  # fmt: skip
-    where = f" ({report.get('device_name', report['device'])}, {report['dtype']}, compile={report['compile']})"
+    where = f" ({calls_regime(report)})"
     if bad:
         detail = GRAPH_DIFFERS + ": " + "; ".join(
             f"B={c['block']} {c['kind']} ({c['rows']} rows): max |diff| {fmt(c['max_abs_logit_diff'])} > "
@@ -284,10 +292,12 @@ def concurrency(checks: Checks, steps: dict) -> None:
         if row["Method"] == "Packed-SS":
             ratios = [f"C={r['C']}: {fmt(float(r['Time / Linear-SS']))}" for r in report["table"]
                       if r["Method"] == "Packed-SS" and r["Time / Linear-SS"]]  # fmt: skip
+            regime = report.get("regime", CONCURRENCY_REGIME)
+            measured = report["measured_in"]
             checks.add("crossover-8b", "INFO", f"Packed/Linear time by C, and the smallest C at which it reaches 1 "
-                       f"({report.get('regime', CONCURRENCY_REGIME)}: the host's dispatch, not the GPU's memory)",
+                       f"({regime}: the host's dispatch, not the GPU's memory; measured in: {measured})",
                        f"{', '.join(ratios)}; crossover {row['Crossover C']} (CI above 1: {row['CI above 1']})",
-                       regime=report.get("regime", CONCURRENCY_REGIME))  # fmt: skip
+                       regime=regime, measured_in=measured)  # fmt: skip
 
 
 def steps_table(plan: list[dict]) -> list[str]:

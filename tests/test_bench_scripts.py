@@ -400,8 +400,8 @@ def test_a_calls_hbm_floor_counts_its_weights_its_kv_read_and_the_kv_a_masked_ca
     causal = SimpleNamespace(rows=32, rule=Rule.CAUSAL)
     out = traffic_fields(adapter, fields, masked, 1024, compiled_ms=5.0, eager_ms=40.0)
     assert out["traffic"] == moved and out["eager_traffic"] == moved  # Packed-SS's call is masked on both paths
-    assert out["hbm_floor_ms"] == pytest.approx(1000 * moved["total"] / 4e12) and out["compiled_hbm"] == pytest.approx(
-        5.0 / out["hbm_floor_ms"])  # fmt: skip
+    assert out["compiled_hbm_floor_ms"] == pytest.approx(1000 * moved["total"] / 4e12) and out["compiled_hbm"] == pytest.approx(
+        5.0 / out["compiled_hbm_floor_ms"])  # fmt: skip
     verify = traffic_fields(adapter, fields, causal, 1024, compiled_ms=5.0, eager_ms=40.0)
     assert verify["traffic"]["kv_repeat"] > 0 and verify["eager_traffic"]["kv_repeat"] == 0  # eager: SDPA's own causal
     adapter.device = torch.device("cpu")  # a CPU's kernels take the grouped heads as they are

@@ -45,13 +45,13 @@ def graphs_report(compiled_ms: dict, replays: int = 3, skips: int = 0, copy_gbs:
     for (block, kind), ms in compiled_ms.items():
         rows = {"linear-draft": block, "linear-verify": block, "packed": 2 * block}[kind]
         calls.append({"prefix": 1024, "block": block, "kind": kind, "rows": rows, "eager_ms": 10.0, "compiled_ms": ms,
-                      "products_ms": ms / 2, "hbm_floor_ms": hbm, "compiled_hbm": ms / hbm, "copy_gbs": copy_gbs,
+                      "products_ms": ms / 2, "compiled_hbm_floor_ms": hbm, "compiled_hbm": ms / hbm, "copy_gbs": copy_gbs,
                       "compiled_gbs": weight_bytes / ms * 1e-6, "weight_bytes": weight_bytes,
                       "traffic": {"weights": weight_bytes, "kv_read": 0, "kv_repeat": 0, "total": weight_bytes},
                       "graph_replays_min": replays, "cudagraph_skips": skips})  # fmt: skip
         compared.append({"prefix": 1024, "block": block, "kind": kind, "rows": rows, "max_abs_logit_diff": 0.1,
                          "argmax_agreement": 1.0, "tolerance": 0.5, "pass": True})  # fmt: skip
-    return {"device": "cuda", "device_name": "a GPU", "dtype": "bfloat16", "compile": "reduce-overhead",
+    return {"device": "cuda", "device_name": "a GPU", "dtype": "bfloat16", "compile": "reduce-overhead", "threads": 16,
             "runs": {"sdpa": {"params": 8e9, "calls": calls, "ratios_2B_B": ratios_2b_b(calls),
                               "graph_vs_eager": compared, "compile_s": {"C=1024: 64 rows": 41.0}}}}  # fmt: skip
 
@@ -82,9 +82,14 @@ def test_the_8b_checks_pass_on_memory_bound_graph_calls_and_fail_on_each_fault(t
     assert {n: good[n]["status"] for n in ("ratio-2B-B-8b", "graph-replays-8b", "memory-bound-8b", "hbm-floor-8b")} == {
         "ratio-2B-B-8b": "INFO", "graph-replays-8b": "PASS", "memory-bound-8b": "PASS", "hbm-floor-8b": "PASS"}  # fmt: skip
     assert good["memory-bound-8b"]["ratio"] == pytest.approx(1.1)
-    assert good["hbm-floor-8b"]["hbm_floor_ms"] == pytest.approx(4.0) and good["hbm-floor-8b"]["copy_gbs"] == 4000.0
+    assert good["hbm-floor-8b"]["compiled_hbm_floor_ms"] == pytest.approx(4.0) and good["hbm-floor-8b"]["copy_gbs"] == 4000.0
+    assert "hbm_floor_ms" not in good["hbm-floor-8b"]  # one name for the compiled call's floor
     printed = capsys.readouterr().out
     assert "PASS: memory-bound-8b: 8b shape, CUDA graphs: a 2B-row call <= 1.30x a B-row call at B = 32" in printed
+    regime = "(a GPU, bfloat16, compile=reduce-overhead, 16 threads)"  # device, dtype, compiled, threads
+    assert "8b shape (8.00B parameters, a GPU, bfloat16, compile=reduce-overhead, 16 threads): weight bytes" in printed
+    for name in ("ratio-2B-B-8b", "graph-replays-8b", "memory-bound-8b", "hbm-floor-8b", "graph-vs-eager-8b"):
+        assert good[name]["criterion"].endswith(regime), name
     assert "device-to-device copy 4000.0 GB/s" in printed and "C=1024: 64 rows 41" in printed
     assert "| 1024 | 8 | packed | 16 | 5.280 |" in printed  # B = 8: only Packed-SS's call was timed
     assert "| 16.00 | 0.000 | 0.000 | 4.000 | 1.32 |" in printed  # weights, KV read, KV repeat, floor, call / floor
@@ -174,7 +179,11 @@ def concurrency_report(unexplained: int = 0, responses: int = 16, ratios=(0.7, 1
                           "Time / Linear-SS": "" if method == "Linear-SS" else str(ratio)})  # fmt: skip
     crossover = [{"Method": "Packed-SS", "Crossover C": "16", "CI above 1": "no"}]
     return {"limit": 16, "schedules": ["ar", "linear", "packed"], "concurrency": [1, 16], "responses": {}, "done": True,
-            "table": table, "crossover": crossover, "audit": {"Equal": 30, "Numerical": 2, "Unexplained": unexplained}}
+            "table": table, "crossover": crossover, "audit": {"Equal": 30, "Numerical": 2, "Unexplained": unexplained},
+            "device": "cuda", "measured_in": CONCURRENCY_MEASURED_IN}  # fmt: skip
+
+
+CONCURRENCY_MEASURED_IN = "eager, bfloat16, 16 threads, NVIDIA H200, cost:nemotron8b:34L:bfloat16:cuda"
 
 
 def test_the_concurrency_checks_pass_on_complete_exact_runs_and_fail_on_each_fault(tmp_path):
@@ -183,6 +192,8 @@ def test_the_concurrency_checks_pass_on_complete_exact_runs_and_fail_on_each_fau
     assert good["crossover-8b"]["status"] == "INFO"
     assert "C=1: 0.7, C=16: 1.05; crossover 16" in good["crossover-8b"]["detail"]
     assert good["crossover-8b"]["regime"] == "eager, host-bound" and "eager, host-bound" in good["crossover-8b"]["criterion"]
+    assert good["crossover-8b"]["criterion"].endswith(f"; measured in: {CONCURRENCY_MEASURED_IN})")  # the device too
+    assert good["crossover-8b"]["measured_in"] == CONCURRENCY_MEASURED_IN
     assert judge(tmp_path, {"concurrency-8b": concurrency_report(unexplained=1)})["concurrency-audit"]["status"] == "FAIL"
     assert judge(tmp_path, {"concurrency-8b": concurrency_report(responses=3)})["concurrency-runs"]["status"] == "FAIL"
     partial = {"limit": 16, "schedules": ["ar"], "concurrency": [1, 16], "done": False, "responses": {"ar-C1.jsonl": 9}}
@@ -289,7 +300,9 @@ def test_the_calls_step_times_the_rows_asked_for_and_writes_its_json_after_each_
     assert sorted(run["compile_s"]) == ["C=3: 2 rows", "C=3: 4 rows"]
     assert [r["block"] for r in run["ratios_2B_B"]] == [2]  # B = 1 timed no B-row call
     for c in run["calls"]:
-        assert c["compiled_hbm"] == pytest.approx(c["compiled_ms"] / c["hbm_floor_ms"])
+        assert c["compiled_hbm"] == pytest.approx(c["compiled_ms"] / c["compiled_hbm_floor_ms"])
+        assert c["eager_hbm"] == pytest.approx(c["eager_ms"] / c["eager_hbm_floor_ms"])
+        assert "hbm_floor_ms" not in c  # each path's floor under its own name, no copy of the compiled one
         assert c["graph_replays_min"] is None and c["cudagraph_skips"] is None  # no CUDA graphs on a CPU
     compared = {(c["block"], c["kind"]): c for c in run["graph_vs_eager"]}
     assert set(compared) == {(c["block"], c["kind"]) for c in run["calls"]}  # every timed call, compared first
@@ -396,6 +409,32 @@ def test_the_concurrency_step_keeps_the_responses_of_a_sweep_cut_short(tmp_path,
                                  "ar,linear,packed", "--out", str(tmp_path / "run"), "--json", str(out)])  # fmt: skip
     report = json.loads(out.read_text())
     assert report["done"] is False and report["responses"] == {"ar-C1.jsonl": 2}
+
+
+def test_the_concurrency_steps_regime_line_names_what_its_tables_were_measured_in(tmp_path, monkeypatch, capsys):
+    import packedss.analysis.__main__ as analysis
+
+    def analysed(argv):  # the analysis's tables, as it writes them: every row with its runs' regime column
+        tables = tmp_path / "run" / "analysis" / "tables"
+        tables.mkdir(parents=True)
+        for name, header, row in (("concurrency", "Method,C,Responses,Time / Linear-SS", "Packed-SS,8,2,0.9"),
+                                  ("crossover", "Method,Crossover C,CI above 1", "Packed-SS,8,no")):  # fmt: skip
+            (tables / f"{name}.csv").write_text(f'{header},measured_in\n{row},"{CONCURRENCY_MEASURED_IN}"\n')
+            (tables / f"{name}.md").write_text(f"| the {name} table |\n")
+        (tables / "runs.csv").write_text("Equal,Numerical,Unexplained\n2,0,0\n")
+        return 0
+
+    monkeypatch.setitem(gpu_concurrency["main"].__globals__, "subprocess",
+                        SimpleNamespace(run=lambda command, **kwargs: SimpleNamespace(returncode=0)))  # fmt: skip
+    monkeypatch.setattr(analysis, "main", analysed)
+    out = tmp_path / "concurrency.json"
+    assert gpu_concurrency["main"](["--device", "cpu", "--shape", "test", "--concurrency", "1,8", "--schedules",
+                                    "ar,linear,packed", "--out", str(tmp_path / "run"), "--json", str(out)]) == 0  # fmt: skip
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith(f"regime: eager, host-bound; measured in: {CONCURRENCY_MEASURED_IN} (the test cost twin")
+    assert printed[2:4] == ["| the concurrency table |", ""]  # the tables under it
+    report = json.loads(out.read_text())
+    assert report["measured_in"] == CONCURRENCY_MEASURED_IN and report["done"]
 
 
 def plan_of(env: dict) -> subprocess.CompletedProcess:
@@ -582,6 +621,7 @@ def check_step_reports(report: dict) -> None:
     assert steps["syncs"]["done"] and len(steps["syncs"]["syncs"]) == 8 and all(r["pass"] for r in steps["syncs"]["syncs"])
     concurrency = steps["concurrency-8b"]
     assert concurrency["done"] and concurrency["regime"] == "eager, host-bound" and concurrency["audit"]["Unexplained"] == 0
+    assert concurrency["measured_in"] == "eager, float32, 1 thread, cpu, cost:test:2L:bfloat16:cpu"
     assert sorted(concurrency["responses"].values()) == [2] * 6  # 3 schedules x C = 1, 2, 2 questions each
     assert steps["preflight"]["refused"] is None and steps["preflight"]["versions"]["transformers"].startswith("5.24")
 

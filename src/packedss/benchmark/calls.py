@@ -206,11 +206,11 @@ def traffics(adapter: BackboneAdapter, fields: dict, call, prefix: int) -> tuple
 
 
 def traffic_fields(adapter: BackboneAdapter, fields: dict, call, prefix: int, compiled_ms: float, eager_ms: float) -> dict:
-    """A timed call's traffic and HBM floors, compiled (`hbm_floor_ms`, `compiled_hbm`) and eager."""
+    """A timed call's traffic and HBM floors, compiled (`compiled_hbm_floor_ms`, `compiled_hbm`,
+    `compiled_gbs`) and eager (`eager_...`: its own traffic, which repeats K/V only where its kernel does)."""
     compiled, eager = traffics(adapter, fields, call, prefix)
     return {"traffic": compiled, "eager_traffic": eager, **hbm_fields("compiled_", compiled, fields["copy_gbs"], compiled_ms),
-            **hbm_fields("eager_", eager, fields["copy_gbs"], eager_ms),
-            "hbm_floor_ms": 1000 * compiled["total"] / (fields["copy_gbs"] * 1e9)}  # fmt: skip
+            **hbm_fields("eager_", eager, fields["copy_gbs"], eager_ms)}  # fmt: skip
 
 
 def check_block(adapter: BackboneAdapter, timers: dict, block: int, prefix: int, kinds: tuple[str, ...]) -> list[dict]:
@@ -387,7 +387,7 @@ def render_compiled(results: list[dict], compile_s: dict[str, float], header: st
     for r in results:
         replays = "n/a" if r["graph_replays_min"] is None else r["graph_replays_min"]
         skips = "n/a" if r["cudagraph_skips"] is None else r["cudagraph_skips"]
-        lines.append(f"| {r['prefix']} | {r['block'] - 1} | {r['kind']} | {r['rows']} | {r['hbm_floor_ms']:.3f} | "
+        lines.append(f"| {r['prefix']} | {r['block'] - 1} | {r['kind']} | {r['rows']} | {r['compiled_hbm_floor_ms']:.3f} | "
                      f"{r['compiled_hbm']:.2f} | {r['compiled_gbs']:.1f} | {r['eager_gbs']:.1f} | {replays} | "
                      f"{skips} |")  # fmt: skip
     lines += ["", "A call of 2B rows (packed) over a call of B rows (linear-verify):", "",
