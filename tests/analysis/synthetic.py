@@ -18,7 +18,7 @@ PROMPT = 40
 
 def _rows_nemotron(schedule: str, width: int, accepted: list[int]) -> list[int]:
     b = width + 1
-    prefill = {"ar": PROMPT, "linear": PROMPT, "quadratic": PROMPT + b * b, "packed": PROMPT + b}[schedule]
+    prefill = {"ar": PROMPT, "linear": PROMPT, "quadratic": PROMPT + b * b, "packed": PROMPT + b, "pld": PROMPT}[schedule]
     rows = [prefill]
     draft = width - 1  # packed: the first draft comes with prefill (proposals for L+2..L+W)
     for a in accepted:
@@ -26,6 +26,8 @@ def _rows_nemotron(schedule: str, width: int, accepted: list[int]) -> list[int]:
             rows.append(1)
         elif schedule == "linear":
             rows += [b, b]
+        elif schedule == "pld":  # the last token and a lookup draft of W tokens
+            rows.append(b)
         elif schedule == "quadratic":
             rows.append(b * (b + 1))
         else:

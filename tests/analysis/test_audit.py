@@ -103,7 +103,7 @@ def test_near_ties_are_recorded_below_the_dtype_threshold_only():
 
 def test_only_an_ar_run_of_the_same_identity_is_a_counterpart():
     linear = {"model": "m", "task": "t", "schedule": "linear", "width": 4, "temperature": 0.0, "verify": "",
-              "order": "", "seed": 0, "family": "nemotron", "lora": False, "pad_verify": "", "native_window": 0, "concurrency": 1,
+              "order": "", "seed": 0, "family": "nemotron", "lora": False, "pad_verify": "", "native_window": 0, "max_ngram": 0, "concurrency": 1,
               "config": "", "lossy": False, "question_id": "q", "sample": 0, "dtype": "bfloat16", "output_ids": [1],
               "near_ties": []}  # fmt: skip
     assert audit.audit(pd.DataFrame([linear])).empty

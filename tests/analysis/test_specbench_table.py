@@ -85,3 +85,42 @@ def test_the_written_table_names_its_regime_and_the_figure_draws_every_group(res
     assert set(data["group"]) == {"Multi-turn Conversation", "Translation", "Mathematical Reasoning", OVERALL}
     assert "eager, float32, 1 thread, cpu" in fig._suptitle.get_text()
     plt.close(fig)
+
+
+def test_pld_runs_of_two_n_in_one_folder_are_two_rows_each_against_the_same_ar_run(tmp_path):
+    """An n ablation (schedule.max_ngram=2,3) beside one AR run: a row per n with its own
+    speedup, both over that AR run (AR reads no n), and an `n` column telling them apart."""
+    records = []
+    for k, (question_id, category, turn) in enumerate(QUESTIONS):
+        fields = {"task": "specbench", "question": k, "question_id": question_id, "category": category, "turn": turn,
+                  "correct": None}  # fmt: skip
+        records.append(make_record(schedule="ar", tokens_per_iteration=1, iterations=12, call_s=0.01, **fields))
+        for n, call_s in ((2, 0.02), (3, 0.03)):  # 3 tokens per call over 4 calls: 0.08 s and 0.12 s against 0.12 s
+            records.append(make_record(schedule="pld", width=10, tokens_per_iteration=3, iterations=4, call_s=call_s,
+                                       max_ngram=n, **fields))  # fmt: skip
+    write_records(tmp_path / "records", records)
+    loaded = load_results(tmp_path, n_resamples=200)
+    table = specbench_table(loaded.per_question, loaded.comparisons)
+    rows = {(r["Method"], r.get("n", "")): r for r in table.data.to_dict("records")}
+    assert set(rows) == {("AR", ""), ("PLD", "2"), ("PLD", "3")}
+    for n in ("2", "3"):
+        pld = [r for r in records if r["schedule"] == "pld" and str(r["max_ngram"]) == n]
+        ar = [r for r in records if r["schedule"] == "ar"]
+        expected = (sum(r["output_tokens"] for r in pld) / sum(r["wall_s"] for r in pld)) / (
+            sum(r["output_tokens"] for r in ar) / sum(r["wall_s"] for r in ar))
+        assert rows["PLD", n][OVERALL] == pytest.approx(expected)
+    assert rows["PLD", "2"][OVERALL] > rows["PLD", "3"][OVERALL]
+    assert "n" in table.display.columns and any(note.startswith("n: PLD's longest n-gram") for note in table.notes)
+
+
+def test_the_table_and_the_figure_share_one_bootstrap_of_the_leaderboard(results, monkeypatch):
+    from packedss.analysis import specbench
+    from packedss.analysis.compare import Comparisons
+
+    _, loaded = results
+    comparisons = Comparisons(loaded.comparisons.responses, n_resamples=200)
+    calls = []
+    monkeypatch.setattr(specbench, "speedups", lambda c, p: calls.append(p) or {})
+    specbench_table(comparisons.pq, comparisons)
+    plt.close(speedup_figure(comparisons)[0])
+    assert len(calls) == 1  # the one Packed-SS run against AR, bootstrapped for both

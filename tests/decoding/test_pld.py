@@ -296,5 +296,5 @@ def test_the_audit_pairs_a_pld_run_with_the_ar_run_that_reads_no_max_ngram():
            "seed": 0, "family": "nemotron", "lora": False, "pad_verify": "", "native_window": 0, "concurrency": 1,
            "config": "", "lossy": False, "question_id": "q", "sample": 0, "dtype": "float32", "max_ngram": 2,
            "output_ids": [1], "near_ties": []}  # fmt: skip
-    ar = pld | {"schedule": "ar", "width": 0, "max_ngram": float("nan"), "output_ids": [2]}  # absent from its record
+    ar = pld | {"schedule": "ar", "width": 0, "max_ngram": 0, "output_ids": [2]}  # absent from its record: 0, as load reads it
     assert list(audit.audit(pd.DataFrame([pld, ar]))["audit"]) == ["unexplained"]

@@ -56,6 +56,8 @@ class Pairing:
     method_width: int
     base_width: int
     concurrency: int = 1  # C: both runs decoded C responses together
+    method_ngram: int = 0  # pld's longest n-gram looked up (max_ngram) of each run; 0 for other schedules
+    base_ngram: int = 0
 
     @property
     def setting_label(self) -> str:
@@ -68,11 +70,22 @@ class Pairing:
         if self.width is not None:
             label += f" W={self.width}"
         label += concurrency
+        label += "".join(f" n={n}" for n in (self.method_ngram, self.base_ngram) if n)
         if self.temperature > 0 and self.verify and self.verify != "rejection":
             label += f" ({self.verify})"
         if self.config:
             label += f" [{self.config}]"
         return label
+
+
+def _with_ngrams(group: pd.DataFrame, method: str, base: str, combos: list[tuple]) -> list[tuple]:
+    """Each (width, method W, base W) once per pair of the runs' max_ngram values: pld runs of
+    two n are two comparisons, each against the same AR run (every other schedule's n is 0)."""
+    def ngrams(schedule: str, width: int) -> list[int]:
+        rows = group[(group["schedule"] == schedule) & (group["width"] == width)]
+        return sorted(int(n) for n in rows["max_ngram"].unique())
+
+    return [(width, wm, wb, nm, nb) for width, wm, wb in combos for nm in ngrams(method, wm) for nb in ngrams(base, wb)]
 
 
 class Comparisons:
@@ -84,10 +97,12 @@ class Comparisons:
         self.pq = per_question(responses)
         self.n_resamples = n_resamples
         self._cache: dict[Pairing, Comparison] = {}
+        self.derived: dict[str, object] = {}  # what a table and its figure both read, computed once (by name)
 
     def runs(self, pairing: Pairing, which: str) -> pd.DataFrame:
         schedule = pairing.method if which == "method" else pairing.base
         width = pairing.method_width if which == "method" else pairing.base_width
+        ngram = pairing.method_ngram if which == "method" else pairing.base_ngram
         rows = self.responses
         mask = (
             (rows["family"] == pairing.family)
@@ -99,6 +114,7 @@ class Comparisons:
             & (rows["config"] == pairing.config)
             & (rows["schedule"] == schedule)
             & (rows["width"] == width)
+            & (rows["max_ngram"] == ngram)
             & (rows["order_group"] == pairing.order)
             & (rows["concurrency"] == pairing.concurrency)
         )
@@ -132,7 +148,7 @@ class Comparisons:
                     combos = [(int(w), int(widths_m[0]), int(w)) for w in widths_b]
                 else:
                     combos = [(int(w), int(w), int(w)) for w in widths_m if w in widths_b]
-                for width, wm, wb in combos:
+                for width, wm, wb, nm, nb in _with_ngrams(group, method, base, combos):
                     out.append(
                         Pairing(
                             family=family,
@@ -149,6 +165,8 @@ class Comparisons:
                             method_width=wm,
                             base_width=wb,
                             concurrency=int(setting["concurrency"]),
+                            method_ngram=nm,
+                            base_ngram=nb,
                         )
                     )
         return out

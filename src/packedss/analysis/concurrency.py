@@ -51,7 +51,7 @@ FIGURE = "C1"  # `--figures C1`
 BASE = "linear"
 # A series' setting: what its Linear-SS reference shares with it.
 SERIES_KEYS = tuple(k for k in RUN_KEYS if k not in ("concurrency", "config")) + ("order_group",)
-OWN_KEYS = ("schedule", "width", "pad_verify", "native_window")
+OWN_KEYS = ("schedule", "width", "pad_verify", "native_window", "max_ngram")
 SETTING_KEYS = tuple(k for k in SERIES_KEYS if k not in OWN_KEYS)
 
 

@@ -43,12 +43,13 @@ OPTIONAL_DEFAULTS = {
     "native_window": None,
     "concurrency": 1,
     "sampler": None,
+    "max_ngram": None,
 }
 
 # The identity fields that the tables key and label rows by; a question's records within a run
 # differ only in `sample` and `repeat`.
 TABLE_KEYS = ("model", "task", "schedule", "width", "temperature", "verify", "order", "seed", "family", "lora",
-              "pad_verify", "native_window", "concurrency")  # fmt: skip
+              "pad_verify", "native_window", "max_ngram", "concurrency")  # fmt: skip
 # Every other field of the job's identity (packedss.job: checkpoint, dtype, compile mode, output
 # cap, ...) is summed up in the `config` column: "" where it takes one value for every run of the
 # folder with the same TABLE_KEYS, else the `field=value` pairs of the fields that differ (a
@@ -132,6 +133,7 @@ def normalise(frame: pd.DataFrame) -> pd.DataFrame:
     # pad_verify: "true" / "false" where the schedule reads it (the spec records None elsewhere).
     frame["pad_verify"] = frame["pad_verify"].map(lambda v: "" if _absent(v) else str(bool(v)).lower())
     frame["native_window"] = frame["native_window"].map(lambda v: 0 if _absent(v) else int(v)).astype(int)
+    frame["max_ngram"] = frame["max_ngram"].map(lambda v: 0 if _absent(v) else int(v)).astype(int)  # pld's n; 0 elsewhere
     frame["sampler"] = frame["sampler"].map(lambda v: None if _absent(v) else str(v))
     frame["config"] = _config_labels(frame)
     for name in ("output_tokens", "nfe_total", "nfe_prefill", "iterations"):

@@ -74,6 +74,8 @@ def groups(frame: pd.DataFrame, by: list[str]):
         return []
     if "config" not in by and varies(frame, by, "config"):
         by = [*by, "config"]
+    if "max_ngram" not in by and varies(frame, by, "max_ngram"):
+        by = [*by, "max_ngram"]  # pld runs of two n
     if "concurrency" not in by and (frame["concurrency"] != 1).any():
         by = [*by, "concurrency"]
     out = [(dict(zip(by, values if isinstance(values, tuple) else (values,), strict=True)), g) for values, g in frame.groupby(by, sort=False)]
@@ -107,6 +109,8 @@ def labels(values: dict, family: str | None = None) -> dict:
         out["Order"] = ORDER_SECTIONS.get(values["order_group"], values["order_group"])
     if "concurrency" in values:
         out["C"] = str(int(values["concurrency"]))
+    if "max_ngram" in values:
+        out["n"] = str(int(values["max_ngram"])) if values["max_ngram"] else ""
     if "config" in values:
         out["Config"] = values["config"]
     return out
@@ -114,11 +118,12 @@ def labels(values: dict, family: str | None = None) -> dict:
 
 def key_labels(names: dict, keys: list[str]) -> dict:
     """The row's key columns of `labels`, and its C and Config where the group has them."""
-    extra = {k: names[k] for k in ("C", "Config") if names.get(k) and k not in keys}
+    extra = {k: names[k] for k in ("C", "n", "Config") if names.get(k) and k not in keys}
     return {k: names[k] for k in keys} | extra
 
 
-LABEL_OF = {"width": "B", "temperature": "T", "verify": "Verify", "pad_verify": "Padded", "config": "Config", "concurrency": "C"}
+LABEL_OF = {"width": "B", "temperature": "T", "verify": "Verify", "pad_verify": "Padded", "config": "Config", "concurrency": "C",
+            "max_ngram": "n"}
 
 
 def optional_keys(frame: pd.DataFrame, within: list[str], positive: bool) -> list[str]:

@@ -44,9 +44,9 @@ TITLE = "Table specbench: Spec-Bench's leaderboard, speedup over AR of the same 
 def _ar_pairing(comparisons: Comparisons, frame: pd.DataFrame, first: pd.Series) -> Pairing | None:
     """The pairing of a run (its first per-question row) with the AR run of its setting."""
     for p in comparisons.pairings(first["schedule"], "ar", frame):
-        if (p.model, p.method_width, p.temperature, p.verify, p.config, p.concurrency, p.order) == (
-            first["model"], int(first["width"]), float(first["temperature"]), first["verify"], first["config"],
-            int(first["concurrency"]), first["order_group"] if p.order else ""):  # fmt: skip
+        if (p.model, p.method_width, p.method_ngram, p.temperature, p.verify, p.config, p.concurrency, p.order) == (
+            first["model"], int(first["width"]), int(first["max_ngram"]), float(first["temperature"]), first["verify"],
+            first["config"], int(first["concurrency"]), first["order_group"] if p.order else ""):  # fmt: skip
             return p
     return None
 
@@ -90,7 +90,14 @@ def mean_accepted(responses: pd.DataFrame) -> float:
 
 
 def leaderboard_rows(comparisons: Comparisons) -> tuple[list[dict], list[str], set[str]]:
-    """(rows, key columns, runs without an AR run of their setting)."""
+    """(rows, key columns, runs without an AR run of their setting), bootstrapped once for the
+    table and the figure."""
+    if KEY not in comparisons.derived:
+        comparisons.derived[KEY] = _leaderboard_rows(comparisons)
+    return comparisons.derived[KEY]
+
+
+def _leaderboard_rows(comparisons: Comparisons) -> tuple[list[dict], list[str], set[str]]:
     pq = comparisons.pq
     sub = pq[(pq["task"] == TASK) & ~pq["lora"].astype(bool)]
     extra = [e for e in optional_keys(sub, ["model", "schedule"], positive=True) if e != "width"]

@@ -134,6 +134,10 @@ def build(
         at = keys.index("Config") if "Config" in keys else len(keys)
         keys = [*keys[:at], "C", *keys[at:]]
         notes.append("C: the concurrency, responses decoded together (every call carrying each one's rows); each C is its own row.")
+    if "n" not in keys and any(r.get("n") for r in rows):
+        at = keys.index("Config") if "Config" in keys else len(keys)
+        keys = [*keys[:at], "n", *keys[at:]]
+        notes.append("n: PLD's longest n-gram looked up (schedule.max_ngram), where runs of two n sit in one folder; each n is its own row.")
     if "Config" not in keys and any(r.get("Config") for r in rows):
         keys = [*keys, "Config"]
         notes.append("Config: the identity fields in which runs of otherwise equal settings differ; each is its own row.")
