@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from packedss.decoding.driver import Proposals, proposals_ahead
+from packedss.decoding.driver import Proposals, proposals_ahead, verify_ahead
 from packedss.decoding.rows import Rows, concatenated, ranges, uploaded
 from packedss.decoding.verify import (
     DecidedMargins,
@@ -319,15 +319,27 @@ def _proposals_ahead(args: Sequence[tuple], device: torch.device) -> tuple[None,
     return None, finish
 
 
-BATCHED = {first_token: _first_tokens, propose: _proposals, verify: _verifications, proposals_ahead: _proposals_ahead}
+def _verified_ahead(args: Sequence[tuple], device: torch.device) -> tuple[torch.Tensor, Finish]:
+    """`verify_ahead` of every request: its verification, then its draft rows' proposals, each a
+    batched step of its own (so a request's uniforms are drawn in the plain function's order)."""
+    read, verified = _verifications([(a[0], a[1], a[2], a[-1]) for a in args], device)
+    widths = [len(a[3]) for a in args]
+    tokens, probs, starts = _drafted([(a[3], a[-1]) for a in args], device)
+
+    def finish(values: list[int]) -> list:
+        out = []
+        for emitted, (*_, first, _), start, width in zip(verified(values), args, starts, widths):
+            taken = min(len(emitted), width)  # the emitted tokens took the draft's first positions
+            rows = slice(start + taken, start + width)
+            proposals = Proposals(list(range(first + taken, first + width)), Rows(tokens, rows.start, rows.stop),
+                                  None if probs is None else Rows(probs, rows.start, rows.stop))  # fmt: skip
+            out.append((emitted, proposals))
+        return out
+
+    return read, finish
 
 
-def batched_form(fn, args: tuple):
-    """The batched form of the Host step `fn(*args)` and the key of its group (steps that can run
-    together), or None where it runs alone (a function without one). Every function of BATCHED
-    takes its Sampling last."""
-    launch = BATCHED.get(fn)
-    if launch is None:
-        return None
-    sampling = args[-1]
-    return launch, sampling.temperature, sampling.rule
+# The batched form of each Host step function that has one. Every one of them takes its Sampling
+# last; the engine runs together the steps of one function at one temperature and rule.
+BATCHED = {first_token: _first_tokens, propose: _proposals, verify: _verifications, proposals_ahead: _proposals_ahead,
+           verify_ahead: _verified_ahead}  # fmt: skip

@@ -24,7 +24,7 @@ import torch
 from packedss.decoding.calls import Call, CallModel
 from packedss.decoding.pld import DEFAULT_MAX_NGRAM
 from packedss.decoding.trace import Decoded, Emitter, Meter, StopCheck
-from packedss.decoding.verify import SAMPLER, NearTies, Sampling, propose
+from packedss.decoding.verify import SAMPLER, Emitted, NearTies, Sampling, propose, verify
 
 ORDERS = ("ltr", "confidence")
 
@@ -112,6 +112,18 @@ def proposals_ahead(
     else:
         index = torch.tensor(keep, dtype=torch.long, device=tokens.device)
     return Proposals([positions[k] for k in keep], tokens[index], None if probs is None else probs[index])
+
+
+def verify_ahead(verifier_logits: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor | None,
+                 draft_logits: torch.Tensor, first: int, sampling: Sampling) -> tuple[Emitted, Proposals]:
+    """Packed-SS's two steps of one call: `verify` of the drafts, then `proposals_ahead` of the
+    call's draft rows, which propose for first..first+W-1 (W = len(draft_logits)), less the
+    positions the emitted tokens took (first.. onwards: the draft's first positions). One Host
+    step, so a batch runs both in one wave; the random stream is the two steps', in their order."""
+    emitted = verify(verifier_logits, drafts, draft_probs, sampling)
+    width = len(draft_logits)
+    masks, taken = range(first, first + width), range(first, first + len(emitted))
+    return emitted, proposals_ahead(draft_logits, masks, taken, sampling)
 
 
 class Decoder(ABC):

@@ -31,7 +31,7 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from packedss.decoding.batched_ops import batched_form, end_round
+from packedss.decoding.batched_ops import BATCHED, end_round
 from packedss.decoding.calls import Call, Layout, Planned
 from packedss.decoding.driver import FrozenHeap, Host, Response
 from packedss.decoding.rows import Rows, concatenated, materialized, shifted
@@ -169,14 +169,20 @@ class _Engine:
 
     def host_wave(self, slots: list[_Slot]) -> None:
         """The Host step every slot waits on: batched where it can be, with one read-back."""
-        groups: dict[Any, list[_Slot]] = {}
+        groups: dict[tuple, list[_Slot]] = {}
         for slot in slots:
             op = slot.op
-            group = batched_form(op.fn, op.args)
-            if group is None:
+            launch = BATCHED.get(op.fn)
+            if launch is None:
                 self.advance(slot, op.fn(*map(materialized, op.args)))
+                continue
+            sampling = op.args[-1]
+            key = (launch, sampling.temperature, sampling.rule)
+            members = groups.get(key)
+            if members is None:
+                groups[key] = [slot]
             else:
-                groups.setdefault(group, []).append(slot)
+                members.append(slot)
         launched, reads = [], []
         for (launch, *_), members in groups.items():
             read, finish = launch([slot.op.args for slot in members], self.executor.device)
@@ -186,12 +192,48 @@ class _Engine:
         values = (reads[0] if len(reads) == 1 else torch.cat(reads)).tolist() if reads else []
         start = 0
         for members, finish, size in launched:
-            for slot, result in zip(members, finish(values[start : start + size])):
-                self.advance(slot, result)
+            self.advance_all(members, finish(values if len(launched) == 1 else values[start : start + size]))
             start += size
+
+    def advance_all(self, slots: list[_Slot], results: Iterable) -> None:
+        """`advance` of each slot with its result."""
+        working = self.working
+        for slot, result in zip(slots, results):
+            working[slot.index] = slot
+            try:
+                slot.op = slot.send(result)
+            except StopIteration as stop:
+                slot.op, slot.decoded = None, stop.value
 
     def call(self, slots: list[_Slot]) -> None:
         """One batched call of every slot's pending call; each slot gets its logits."""
+        batch = self.batch(slots)
+        executor = self.executor
+        end_round()
+        self.settle()
+        started, clock = self.now(), time.perf_counter()
+        logits = executor.run(batch)
+        executor.synchronize()
+        elapsed = time.perf_counter() - clock
+        charged = elapsed if executor.charged_s is None else executor.charged_s
+        self.excluded += elapsed - charged
+        ended = self.mark = self.now()
+        entries, call_stats = batch.entries, executor.call_stats
+        requests, total, read, results = len(entries), batch.tokens.shape[0], 0, []
+        per_row = charged / total
+        for slot, entry in zip(slots, entries):
+            rows = entry.rows
+            count = rows - entry.read_from
+            results.append(Rows(logits, read, read + count) if slot.rows else logits[read : read + count])
+            read += count
+            slot.meter.share(rows, entry.layout.useful, call_stats(entry.slot), requests, total, per_row * rows)
+            if slot.first_call_start is None:
+                slot.first_call_start = started
+            slot.last_call_end = ended
+        self.advance_all(slots, results)
+
+    def batch(self, slots: list[_Slot]) -> CallBatch:
+        """The CallBatch of every slot's pending call, in a fixed number of tensor operations."""
         entries, tokens, positions, shifts, start = [], [], [], [], 0
         for slot in slots:
             op = slot.op
@@ -208,29 +250,9 @@ class _Engine:
                 shifts.append(0)
             entries.append(Entry(slot.index, layout, rows, read_from, start))
             start += rows
-        executor, device = self.executor, self.executor.device
+        device = self.executor.device
         position_ids = shifted(concatenated(positions, device), shifts, [e.rows for e in entries], device)
-        batch = CallBatch(entries, concatenated(tokens, device), position_ids)
-        end_round()
-        self.settle()
-        started, clock = self.now(), time.perf_counter()
-        logits = executor.run(batch)
-        executor.synchronize()
-        elapsed = time.perf_counter() - clock
-        charged = elapsed if executor.charged_s is None else executor.charged_s
-        self.excluded += elapsed - charged
-        ended = self.mark = self.now()
-        requests, read, call_stats = len(entries), 0, executor.call_stats
-        for slot, entry in zip(slots, entries):
-            rows = entry.rows
-            count = rows - entry.read_from
-            own = Rows(logits, read, read + count) if slot.rows else logits[read : read + count]
-            read += count
-            slot.meter.share(rows, entry.layout.useful, call_stats(entry.slot), requests, start, charged * rows / start)
-            if slot.first_call_start is None:
-                slot.first_call_start = started
-            slot.last_call_end = ended
-            self.advance(slot, own)
+        return CallBatch(entries, concatenated(tokens, device), position_ids)
 
     def result(self, slot: _Slot) -> Decoded:
         """The slot's Decoded (its own, fresh from its meter), with its times on the job's clock."""

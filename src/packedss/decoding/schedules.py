@@ -27,7 +27,16 @@ from packedss.decoding.calls import (
     pack,
     pad_segment,
 )
-from packedss.decoding.driver import Decoder, Host, LTRSettings, Steps, drive, proposals_ahead, schedule_named
+from packedss.decoding.driver import (
+    Decoder,
+    Host,
+    LTRSettings,
+    Steps,
+    drive,
+    proposals_ahead,
+    schedule_named,
+    verify_ahead,
+)
 from packedss.decoding.rows import uploaded
 from packedss.decoding.trace import Decoded, StopCheck
 from packedss.decoding.verify import first_token, last_token, propose, verify
@@ -57,24 +66,33 @@ def _mask_tokens(count: int, mask_token_id: int, device: torch.device) -> torch.
 def _prefill_call(prompt: torch.Tensor, block: Sequence[torch.Tensor] = (), at: int = 0, sees: int = 0) -> Call:
     """A prefill: the prompt's L rows (causal), then, if `block` has parts, a draft block of their
     tokens at positions at.. that sees the prompt's first `sees` rows and the whole block. Logits
-    come back from the prompt's last row on. The call `pack` makes of these segments, in a fixed
-    number of tensor operations (a prefill's shape is the prompt's, so it is built per response)."""
-    length, device = prompt.shape[0], prompt.device
-    if not block:
+    come back from the prompt's last row on. Its positions, roles and attention depend only on the
+    prompt's length and the block's, so they are built once per shape (`_prefill_layout`) and a
+    prefill costs one `cat` of its tokens."""
+    length = prompt.shape[0]
+    rows = length + sum(part.shape[0] for part in block)
+    positions, layout = _prefill_layout(length, rows, at, sees, prompt.device)
+    tokens = torch.cat([prompt, *block]) if block else prompt
+    return Call(tokens, positions, layout.roles, layout.attend, useful=rows, drafts=layout.drafts,
+                read_from=length - 1, rule=layout.rule)  # fmt: skip
+
+
+@functools.lru_cache(maxsize=256)
+def _prefill_layout(length: int, rows: int, at: int, sees: int, device: torch.device) -> tuple[torch.Tensor, Layout]:
+    """The positions and layout of `_prefill_call`'s call of a prompt of `length` tokens and
+    `rows` rows in all (shared by every prefill of that shape: never written to)."""
+    positions = torch.arange(rows, device=device)
+    if rows == length:
         attend = torch.ones(length, length, dtype=torch.bool, device=device).tril_()
         roles = torch.full((length,), int(Role.VERIFY), dtype=torch.uint8, device=device)
-        return Call(prompt, torch.arange(length, device=device), roles, attend, useful=length, drafts=0,
-                    read_from=length - 1, rule=Rule.CAUSAL)  # fmt: skip
-    tokens = torch.cat([prompt, *block])
-    rows = tokens.shape[0]
-    positions = torch.arange(rows, device=device)
+        return positions, Layout(roles, attend, length, 0, Rule.CAUSAL)
     positions[length:] += at - length
     roles = torch.full((rows,), int(Role.DRAFT), dtype=torch.uint8, device=device)
     roles[:length] = int(Role.VERIFY)
     attend = torch.ones(rows, rows, dtype=torch.bool, device=device).tril_()
     attend[length:, sees:length] = False
     attend[length:, length:] = True
-    return Call(tokens, positions, roles, attend, useful=rows, drafts=rows - length, read_from=length - 1)
+    return positions, Layout(roles, attend, rows, rows - length)
 
 
 def _shape(call: Call, *masks: torch.Tensor) -> _Shape:
@@ -315,11 +333,10 @@ class _Packed(_LTRDecoder):
         m = len(drafts.tokens)
         logits = yield _packed_plan(self.last, drafts.tokens, n, s.width, self.model.mask_token_id, s.pad_verify,
                                     self.model.device)  # fmt: skip
-        emitted = yield Host(verify, logits[: m + 1], drafts.tokens, drafts.probs, s.sampling)
+        # The draft block's masks sit at n+1..n+W; the emitted tokens take n+1..n+A.
+        emitted, self.drafts = yield Host(verify_ahead, logits[: m + 1], drafts.tokens, drafts.probs,
+                                          logits[-s.width :], n + 1, s.sampling)  # fmt: skip
         done = self.verified(emitted, m)
-        # The draft block's masks sit at n+1..n+W; the emitted tokens took n+1..n+A.
-        masks, taken = range(n + 1, n + 1 + s.width), range(n + 1, n + 1 + len(emitted))
-        self.drafts = yield Host(proposals_ahead, logits[-s.width :], masks, taken, s.sampling)
         self.position += len(emitted)
         return done
 

@@ -126,6 +126,7 @@ class Meter:
         self.started = time.perf_counter()
         self.call_requests: list[int] = []
         self.call_batch_rows: list[int] = []
+        self._shares: list[tuple] = []  # each call's (rows, useful, requests, batch rows, stats) until finish
         self._first_call: float | None = None  # the wall clock (less excluded time) at the first call
         self._last_end = 0.0
 
@@ -153,18 +154,25 @@ class Meter:
 
     def share(self, rows: int, useful: int, stats: dict, requests: int, batch_rows: int, model_s: float | None = None) -> None:
         """Count a call of `rows` rows (`useful` of them not padding) and the model's statistics of
-        it, the call one of `requests` requests with `batch_rows` rows in all (or the model's own
-        `call_batch_rows`, a padded pass's); in a batch also the response's share of its model
-        time, `model_s`."""
-        self.rows_evaluated.append(rows)
-        self.rows_useful.append(useful)
-        self.call_requests.append(requests)
-        self.call_batch_rows.append(stats.get("call_batch_rows", batch_rows))
+        it (a dict the model does not change after the call), the call one of `requests` requests
+        with `batch_rows` rows in all (or the model's own `call_batch_rows`, a padded pass's); in a
+        batch also the response's share of its model time, `model_s`. Kept as one tuple per call
+        and spread into the per-call lists by `finish`, so a batched round's share is one append."""
+        self._shares.append((rows, useful, requests, batch_rows, stats))
         if model_s is not None:
             self.call_model_s.append(model_s)
-        for name, value in stats.items():
-            if name not in BATCH_STATS:
-                self.call_stats.setdefault(name, []).append(value)
+
+    def _spread_shares(self) -> None:
+        """The per-call lists (rows, requests, the model's statistics) of the calls shared so far."""
+        for rows, useful, requests, batch_rows, stats in self._shares:
+            self.rows_evaluated.append(rows)
+            self.rows_useful.append(useful)
+            self.call_requests.append(requests)
+            self.call_batch_rows.append(stats.get("call_batch_rows", batch_rows))
+            for name, value in stats.items():
+                if name not in BATCH_STATS:
+                    self.call_stats.setdefault(name, []).append(value)
+        self._shares.clear()
 
     def finish(
         self,
@@ -178,6 +186,7 @@ class Meter:
     ) -> Decoded:
         if self.cuda:
             self.model.synchronize()
+        self._spread_shares()
         wall_s = time.perf_counter() - self.started - self.excluded_s
         latency_s = self._last_end - self._first_call if self._first_call is not None else 0.0
         if self._events:
