@@ -58,6 +58,8 @@ CONFIGURATION = [
     (["schedule=packed", "schedule.max_ngram=0"], ["invalid schedule.max_ngram=0"]),
     (["task=specbench", "task.per_category=-1"], ["invalid task.per_category=-1", "must be >= 0"]),
     (["task=arith", "task.per_category=2"], ["task.per_category=2 is read by task=specbench only", "leave it out"]),
+    (["task=specbench", "temperature=1", "samples=2"], ["samples=2: task=specbench has conversations of several turns",
+                                                        "run it with samples=1"]),
 ]
 
 

@@ -20,6 +20,7 @@ from packedss.errors import PackedSSError, unknown_key_message
 from packedss.models import resolve_path, select_checkpoint
 from packedss.paths import CONF_DIR
 from packedss.tasks import TaskConfig
+from packedss.tasks.core import MULTI_TURN_TASKS
 
 # This module imports neither torch nor transformers (the family table and the libraries'
 # choices are imported where they are checked), so that run.py, sweeps and the plan check the
@@ -185,6 +186,9 @@ def check_values(cfg) -> None:
     if getattr(cfg.task, "per_category", 0) and cfg.task.name != "specbench":
         raise PackedSSError(f"task.per_category={cfg.task.per_category} is read by task=specbench only, not "
                             f"task={cfg.task.name}; leave it out (limit= selects questions of every task)")
+    if cfg.samples > 1 and cfg.task.name in MULTI_TURN_TASKS:
+        raise PackedSSError(f"samples={cfg.samples}: task={cfg.task.name} has conversations of several turns, and a later "
+                            "turn's prompt holds the first sample's answer to the turn before it; run it with samples=1")
     if cfg.model.width is not None and cfg.model.width < 1:
         raise PackedSSError(f"invalid model.width={cfg.model.width}; the model's width must be >= 1, or null for the default")
     if cfg.width < 1:

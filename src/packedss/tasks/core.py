@@ -17,6 +17,9 @@ from packedss.errors import PackedSSError
 from packedss.paths import CONF_DIR
 
 TASK_NAMES: tuple[str, ...] = ("arith", "gsm8k", "math500", "mbpp", "humaneval", "writingbench", "specbench")
+# Tasks with conversations of several turns, a later turn's prompt holding the first sample's answer
+# to the turn before it (packedss.tasks.turns): one sample per question.
+MULTI_TURN_TASKS: tuple[str, ...] = ("specbench",)
 
 
 class DataUnavailable(PackedSSError):
