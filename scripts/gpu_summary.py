@@ -170,8 +170,9 @@ def syncs(checks: Checks, steps: dict) -> None:
 
 def calls_regime(report: dict) -> str:
     """What the calls step's figures were measured in: device, dtype, compile mode and threads."""
+    threads = int(report["threads"])
     return (f"{report.get('device_name', report['device'])}, {report['dtype']}, compile={report['compile']}, "
-            f"{report['threads']} threads")  # fmt: skip
+            f"{threads} thread{'s' if threads != 1 else ''}")  # fmt: skip
 
 
 def graph_calls(checks: Checks, steps: dict, cuda: bool) -> None:

@@ -90,6 +90,7 @@ def test_the_8b_checks_pass_on_memory_bound_graph_calls_and_fail_on_each_fault(t
     assert "8b shape (8.00B parameters, a GPU, bfloat16, compile=reduce-overhead, 16 threads): weight bytes" in printed
     for name in ("ratio-2B-B-8b", "graph-replays-8b", "memory-bound-8b", "hbm-floor-8b", "graph-vs-eager-8b"):
         assert good[name]["criterion"].endswith(regime), name
+    assert summary.calls_regime(graphs_report({}) | {"threads": 1}).endswith(", 1 thread")
     assert "device-to-device copy 4000.0 GB/s" in printed and "C=1024: 64 rows 41" in printed
     assert "| 1024 | 8 | packed | 16 | 5.280 |" in printed  # B = 8: only Packed-SS's call was timed
     assert "| 16.00 | 0.000 | 0.000 | 4.000 | 1.32 |" in printed  # weights, KV read, KV repeat, floor, call / floor
