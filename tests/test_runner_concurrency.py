@@ -76,15 +76,17 @@ def test_a_cost_twin_times_the_batched_call_of_its_cost_model(composed, tmp_path
         assert record["wall_s"] == pytest.approx(record["model_s"] + record["nonmodel_s"])
 
 
-def test_a_compiled_batched_job_writes_the_eager_outputs(composed, tmp_path):
-    _run(composed, tmp_path / "eager", "schedule=linear", "limit=4")
-    compiled = _run(composed, tmp_path / "compiled", "schedule=linear", "limit=4", "concurrency=2",
+# pld's calls are 1 + m rows for a lookup draft of m: a full draft (W + 1), no match (1), and a match near the context's end.
+@pytest.mark.parametrize("schedule, shapes", [("linear", ["2x9 rows"]), ("pld", ["2x9 rows", "2x1 rows", "2x4 rows"])])
+def test_a_compiled_batched_job_writes_the_eager_outputs(composed, tmp_path, schedule, shapes):
+    _run(composed, tmp_path / "eager", f"schedule={schedule}", "limit=4")
+    compiled = _run(composed, tmp_path / "compiled", f"schedule={schedule}", "limit=4", "concurrency=2",
                     "model.compile=default")  # fmt: skip
     assert "-C2-compiled-default-" in compiled.path.name
     eager = {r["question_id"]: r["output_ids"] for r in all_records(tmp_path / "eager")}
     records = all_records(tmp_path / "compiled")
     assert {r["question_id"]: r["output_ids"] for r in records} == eager
-    assert list(records[0]["compile_s"]) == ["2x9 rows"]
+    assert list(records[0]["compile_s"]) == shapes
 
 
 @pytest.mark.parametrize("model", ["tiny", "tiny-set"])
