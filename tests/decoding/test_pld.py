@@ -175,6 +175,50 @@ def test_sampled_batched_pld_draws_each_requests_own_samples(tiny, rule):
     assert any(run_alone(r.start(tiny)).tokens != alone[r.key].tokens for r in greedy)  # they did sample
 
 
+def test_the_batched_rejection_of_lookup_drafts_is_each_requests_verify_lookup():
+    """verify_lookup's batched form (the point mass of every request's drafts in one scatter, one
+    rejection test for all) gives each request what verify_lookup gives it alone, from its own
+    generator, also beside requests without a draft."""
+    from packedss.decoding.batched_ops import BATCHED
+    from packedss.decoding.rows import Rows
+
+    source = torch.Generator().manual_seed(3)
+    counts = [4, 0, 2, 4, 1, 3]
+    logits = torch.randn(sum(c + 1 for c in counts), 48, generator=source) * 2
+    drafts, rows, start = [], [], 0
+    for k, count in enumerate(counts):
+        verifier = logits[start : start + count + 1]
+        # Half the drafts the verifier's own argmax (accepted often), half random tokens.
+        draft = verifier[:count].argmax(dim=-1) if k % 2 else torch.randint(0, 48, (count,), generator=source)
+        drafts.append(draft)
+        rows.append(Rows(logits, start, start + count + 1))
+        start += count + 1
+    for trial in range(30):
+        seeds = [1000 * trial + k for k in range(len(counts))]
+        alone = [pld_module.verify_lookup(row.tensor(), draft, batching._sampling(1.0, "rejection", seed))
+                 for row, draft, seed in zip(rows, drafts, seeds)]  # fmt: skip
+        args = [(row, draft, batching._sampling(1.0, "rejection", seed)) for row, draft, seed in zip(rows, drafts, seeds)]
+        read, finish = BATCHED[pld_module.verify_lookup](args, torch.device("cpu"))
+        together = finish(read.tolist())
+        assert [list(out) for out in together] == [list(out) for out in alone]
+        assert [out.last.tensor().tolist() for out in together] == [out.last.tolist() for out in alone]
+
+
+def test_sampled_batched_pld_by_rejection_verifies_every_request_at_once(tiny, monkeypatch):
+    """At T = 1 by rejection, 16 requests' lookup drafts are verified in one batched step per
+    round, and each request's output still equals its output alone."""
+    from packedss.decoding import batched_ops
+
+    sizes = []
+    batched = batched_ops.BATCHED[pld_module.verify_lookup]
+    spy = lambda args, device: sizes.append(len(args)) or batched(args, device)  # noqa: E731
+    monkeypatch.setitem(batched_ops.BATCHED, pld_module.verify_lookup, spy)
+    settings = lambda cap, key: LTRSettings("pld", 4, cap, (2,), batching._sampling(1.0, "rejection", key))  # noqa: E731
+    alone, _ = batching._check(tiny, batching._requests(NEMOTRON.decoders, settings, batching._pairs(16)), 16)
+    assert max(sizes) > 8
+    assert sum(out.draft_accepted for out in alone.values()) > 0
+
+
 @pytest.mark.parametrize("family", ["nemotron", "setdlm"])
 def test_pld_on_the_static_path_equals_eager(family):
     name = {"nemotron": "tiny", "setdlm": "tiny-set"}[family]

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from packedss.decoding.driver import Proposals, proposals_ahead, verify_ahead
+from packedss.decoding.pld import point_mass, verify_lookup
 from packedss.decoding.rows import Rows, concatenated, ranges, uploaded
 from packedss.decoding.verify import (
     DecidedMargins,
@@ -339,7 +340,22 @@ def _verified_ahead(args: Sequence[tuple], device: torch.device) -> tuple[torch.
     return read, finish
 
 
+def _lookup_verifications(args: Sequence[tuple], device: torch.device) -> tuple[torch.Tensor, Finish]:
+    """`verify_lookup` of every request's deterministic draft: by `rejection`, `verify` against
+    the point mass of every request's drafts (one scatter for all of them, in the dtype the
+    function gives its q); greedy and `match`, which read no q, plain `verify`."""
+    sampling = args[0][-1]
+    if sampling.greedy or sampling.rule != "rejection":
+        return _verifications([(a[0], a[1], None, a[-1]) for a in args], device)
+    rows, drafts = args[0][0], [a[1] for a in args]
+    vocabulary = (rows.source if type(rows) is Rows else rows).shape[-1]
+    q = point_mass(concatenated(drafts, device), vocabulary, rows.dtype)
+    counts = [len(d) for d in drafts]
+    return _rejected([(a[0], d, Rows(q, start, start + count), a[-1])
+                      for a, d, start, count in zip(args, drafts, _offsets(counts), counts)], device)  # fmt: skip
+
+
 # The batched form of each Host step function that has one. Every one of them takes its Sampling
 # last; the engine runs together the steps of one function at one temperature and rule.
 BATCHED = {first_token: _first_tokens, propose: _proposals, verify: _verifications, proposals_ahead: _proposals_ahead,
-           verify_ahead: _verified_ahead}  # fmt: skip
+           verify_ahead: _verified_ahead, verify_lookup: _lookup_verifications}  # fmt: skip

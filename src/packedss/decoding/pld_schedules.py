@@ -22,7 +22,6 @@ from packedss.decoding.queried import _QueriedAR, _verify_shape
 from packedss.decoding.rows import uploaded
 from packedss.decoding.schedules import _causal_shape, _LTRDecoder
 from packedss.decoding.trace import StopCheck
-from packedss.decoding.verify import verify
 
 NAME = "pld"
 
@@ -58,13 +57,9 @@ class _LTRLookup(_LTRDecoder):
         return logits
 
     def step(self) -> Steps:
-        sampling = self.settings.sampling
         drafts = uploaded(self.lookup(), self.model.device)
         logits = yield from self.verify_call(drafts)
-        if sampling.greedy or sampling.rule == "match":  # no q read: plain verify, batched across requests
-            emitted = yield Host(verify, logits, drafts, None, sampling)
-        else:
-            emitted = yield Host(verify_lookup, logits, drafts, sampling)
+        emitted = yield Host(verify_lookup, logits, drafts, self.settings.sampling)  # batched across requests
         done = self.verified(emitted, drafts.shape[0])
         self.position += len(emitted)
         return done
@@ -116,7 +111,7 @@ class _SetLookup(_SetDecoder):
         if m and not s.sampling.greedy:
             q = point_mass(self.clean_tokens[:m], logits.shape[-1], logits.dtype)
             self.drafts = {position: (token, q[k]) for k, (position, token) in enumerate(clean)}
-        _, done = self.verify_ranks(sigma, logits[p + m :])
+        _, done, _ = yield from self.verify_ranks(sigma, logits[p + m :])
         return done
 
 
