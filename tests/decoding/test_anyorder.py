@@ -8,7 +8,7 @@ import itertools
 import pytest
 import torch
 
-from packedss.decoding import anyorder as anyorder_module
+from packedss.decoding import batched_anyorder
 from packedss.decoding import AnyOrderSettings, decode_anyorder
 from packedss.decoding.verify import Sampling
 from packedss.models.setdlm import load_setdlm
@@ -267,7 +267,7 @@ def test_sampled_ltr_schedules_preserve_the_ar_distribution(exact, schedule, rul
 
 @pytest.mark.parametrize("schedule", ["linear", "packed"])
 def test_broken_verifier_fails_the_same_test(exact, schedule, monkeypatch):
-    monkeypatch.setattr(anyorder_module, "verify", accept_every_draft)
+    monkeypatch.setattr(batched_anyorder, "verify", accept_every_draft)
     assert chi_square_p(sample_many(schedule, "rejection"), exact) < LEVEL
 
 
@@ -288,7 +288,7 @@ def _first_resolved(monkeypatch, confidences: list[float]) -> list[int]:
     from packedss.decoding import ANYORDER_DECODERS, schedule_named
 
     native = schedule_named(ANYORDER_DECODERS, "native")
-    monkeypatch.setattr(native, "confidences", lambda self, logits, tokens: confidences[: len(tokens)])
+    monkeypatch.setattr(native, "confidences", lambda self, proposed: confidences[: len(proposed.tokens)])
     chosen, resolve = [], native.resolve
     monkeypatch.setattr(native, "resolve", lambda self, items: chosen.append([p for p, _ in items]) or resolve(self, items))
     decode_anyorder(ToySetModel(), TOY_PROMPT, settings("native", 4, n=4))

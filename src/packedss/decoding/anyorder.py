@@ -15,17 +15,16 @@ previous call, so p in {0, 1}; native writes every token it resolved in the prev
 
 from __future__ import annotations
 
-import dataclasses
-
 import functools
 from collections.abc import Sequence
 
 import torch
 
+from packedss.decoding.batched_anyorder import Propose, Proposed, Verify, runs_of, set_round
 from packedss.decoding.calls import Call, CallModel, Layout, Role, Segment, layout_of, pack
-from packedss.decoding.driver import AnyOrderSettings, Decoder, Steps, drive, proposals_ahead, schedule_named
+from packedss.decoding.driver import AnyOrderSettings, Decoder, Host, Steps, drive, schedule_named
+from packedss.decoding.rows import Rows
 from packedss.decoding.trace import Decoded, StopCheck
-from packedss.decoding.verify import next_token, probabilities, propose, verify
 
 
 def _rows(roles: list[Role], attend: torch.Tensor, device: torch.device) -> Segment:
@@ -36,13 +35,8 @@ def _rows(roles: list[Role], attend: torch.Tensor, device: torch.device) -> Segm
 
 
 @functools.lru_cache(maxsize=256)
-def _set_call_layout(
-    prefix: int,
-    clean_real: tuple[bool, ...],
-    mask_levels: tuple[int, ...],
-    mask_real: tuple[bool, ...],
-    device: torch.device,
-) -> Layout:
+def _set_call_layout(prefix: int, clean_real: tuple[bool, ...], mask_levels: tuple[int, ...],
+                     mask_real: tuple[bool, ...], device: torch.device) -> Layout:  # fmt: skip
     """The layout of a set-family call (see `set_call`), built once per shape."""
     n_clean, n_mask = len(clean_real), len(mask_levels)
     causal = torch.ones(prefix + n_clean, prefix + n_clean, dtype=torch.bool, device=device).tril_()
@@ -87,11 +81,6 @@ def set_call(
     return layout.call(tokens, torch.cat([prefix_positions, clean_positions, mask_positions]))
 
 
-def _float32(value: float) -> float:
-    """`value` rounded to the nearest float32 (what a float32 tensor compares it as)."""
-    return torch.tensor(value, dtype=torch.float32).item()
-
-
 class _SetDecoder(Decoder):
     """State of one response: resolved tokens by position, the uncached resolved tokens, the
     stored drafts, the frozen confidence keys of the current block, and the per-call records.
@@ -105,6 +94,7 @@ class _SetDecoder(Decoder):
     ):
         super().__init__(model, prompt, settings, stop_check)
         self.device = model.device
+        self.pinned = torch.device(self.device).type == "cuda"
         self.mask = int(model.mask_token_id)
         self.length = len(self.prompt)
         self.tokens: dict[int, int] = {}  # resolved generation position -> token
@@ -146,30 +136,27 @@ class _SetDecoder(Decoder):
         """Confidence order and the block's keys are not frozen yet."""
         return self.settings.order == "confidence" and self.keys is None
 
-    def confidences(self, logits: torch.Tensor, drafts: torch.Tensor) -> list[float]:
-        """Drafter confidence: the probability the drafter gave its proposal (softmax at T, or at
-        T = 1 when greedy)."""
-        temperature = self.settings.sampling.temperature or 1.0
-        probs = probabilities(logits, temperature)
-        return probs.gather(1, drafts.view(-1, 1)).view(-1).tolist()
+    def host(self, logits, *parts) -> Steps:
+        """The round's host work on a call's logits (packedss.decoding.batched_anyorder): each
+        part's result, batched with the other requests' in a batch."""
+        return (yield Host(set_round, logits, parts, self.settings.sampling))
 
     # ----------------------------------------------------------------- running calls
     def run(self, kind, prefix, clean, clean_real, masks, levels, mask_real, u, read_from=0) -> Steps:
         """Build and run one call; `prefix` and `clean` are lists of (position, token), `prefix`
         is written to the cache; logits of rows `read_from`.. come back."""
-        rows, written = prefix + clean, len(prefix)
-        # One host-to-device copy of the tokens and positions (non-blocking, from pinned memory on
-        # CUDA); the call's parts, and the drafts `verify_ranks` verifies, are views.
-        ids = torch.tensor([t for _, t in rows] + [i for i, _ in rows] + masks, dtype=torch.long)
-        if torch.device(self.device).type == "cuda":
+        rows, written, count = prefix + clean, len(prefix), len(prefix) + len(clean) + len(masks)
+        # One host-to-device copy of the tokens (the masks' included) and positions (non-blocking,
+        # from pinned memory on CUDA); the call's parts, and the drafts `verify_ranks` verifies,
+        # are views.
+        ids = torch.tensor([t for _, t in rows] + [self.mask] * len(masks) + [i for i, _ in rows] + masks, dtype=torch.long)
+        if self.pinned:
             ids = ids.pin_memory()
         ids = ids.to(self.device, non_blocking=True)
-        tokens, positions = ids[: len(rows)], ids[len(rows) :]
-        self.clean_tokens = tokens[written:]
-        call = set_call(tokens[:written], positions[:written], tokens[written:], positions[written : len(rows)],
-                        clean_real, positions[len(rows) :], levels, mask_real, self.mask)  # fmt: skip
-        if read_from:
-            call = dataclasses.replace(call, read_from=read_from)
+        self.clean_tokens = ids[written : len(rows)]
+        layout = _set_call_layout(written, tuple(clean_real), tuple(levels), tuple(mask_real), self.device)
+        call = Call(ids[:count], ids[count:], layout.roles, layout.attend, useful=layout.useful, drafts=layout.drafts,
+                    read_from=read_from, rule=layout.rule)  # fmt: skip
         logits = yield call
         self.kinds.append(kind)
         self.u.append(u)
@@ -198,37 +185,41 @@ class _SetDecoder(Decoder):
         new = [self.tokens[i] for i in range(start, self.contiguous)]
         return self.emitter.emit(new) if new else False
 
-    def store(self, positions: list[int], tokens: torch.Tensor, q: torch.Tensor | None) -> None:
-        """Keep proposals as the next drafts."""
-        for k, token in enumerate(tokens.tolist()):
-            self.drafts[positions[k]] = (token, None if q is None else q[k])
+    def store(self, positions: list[int], proposed: Proposed, keep: list[int] | None = None) -> None:
+        """Keep proposals (those of `keep`, else all) as the next drafts."""
+        tokens, q = proposed.tokens, proposed.probs
+        for k in range(len(tokens)) if keep is None else keep:
+            self.drafts[positions[k]] = (tokens[k], None if q is None else q[k])
 
-    def start_block(self, window: list[int], logits: torch.Tensor) -> bool:
-        """Confidence order, no keys yet: the window's mask rows saw exactly R, so each is also the
-        verifier's first-rank query for its position. Freeze the keys, resolve the most confident
-        position with its own proposal, keep the other proposals as drafts."""
-        tokens, q = propose(logits, self.settings.sampling)
-        self.store(window, tokens, q)
-        conf = self.confidences(logits, tokens)
+    def start_block(self, window: list[int], logits, rows: range) -> Steps:
+        """Confidence order, no keys yet: the window's mask rows (`rows` of `logits`) saw exactly R,
+        so each is also the verifier's first-rank query for its position. Freeze the keys, resolve
+        the most confident position with its own proposal, keep the other proposals as drafts."""
+        (proposed,) = yield from self.host(logits, Propose((rows,), confident=True, decides=True))
+        self.store(window, proposed)
+        conf = proposed.confidence
         self.keys = dict(zip(window, conf))
         first = min(range(len(window)), key=lambda k: (-conf[k], window[k]))
-        item = (window[first], self.drafts[window[first]][0])
-        self.note([window[first] - self.length], logits[first : first + 1])
+        item = (window[first], proposed.tokens[first])
+        self.note([window[first] - self.length], proposed.deciding(first))
         self.pending = [item]
         return self.resolve([item])
 
-    def verify_ranks(self, sigma: list[int], query_logits: torch.Tensor) -> tuple[int, bool]:
-        """Verify the stored drafts of sigma (a prefix of it holds drafts) with one query row per
-        rank; returns h (accepted drafts) and the stop flag. A correction becomes `pending`."""
+    def verify_ranks(self, sigma: list[int], logits, rows: list[int] | None = None, *more: Propose) -> Steps:
+        """Verify the stored drafts of sigma (a prefix of it holds drafts), rank r by the query at
+        row rows[r] of `logits` (None: row r); returns h (accepted drafts), the stop flag and the
+        results of the round's `more` parts. A correction becomes `pending`."""
         u = len(sigma)
         m = sum(1 for i in sigma if i in self.drafts)
         drafts = self.clean_tokens[:m]  # the call's clean rows hold sigma's drafts, in order
         q = None
         if not self.settings.sampling.greedy:
-            empty = query_logits.new_zeros((0, query_logits.shape[-1]))
-            q = torch.stack([self.drafts[i][1] for i in sigma[:m]]) if m else empty
-        rows = query_logits[: m + 1] if m < u else torch.cat([query_logits, query_logits[-1:]])
-        emitted = verify(rows, drafts, q, self.settings.sampling)
+            source = logits.source if type(logits) is Rows else logits
+            q = torch.stack([self.drafts[i][1] for i in sigma[:m]]) if m else source.new_zeros((0, source.shape[-1]))
+        rows = list(range(u)) if rows is None else rows
+        picks = rows[: m + 1] if m < u else rows + rows[-1:]  # all drafted: the last query twice, its bonus dropped
+        part = Verify(runs_of(picks), drafts, [self.drafts[i][0] for i in sigma[:m]], q)
+        emitted, *later = yield from self.host(logits, part, *more)
         h = m if len(emitted) > u else len(emitted) - 1  # m == u and all accepted: no correction
         self.draft_proposed += m
         self.draft_accepted += h
@@ -236,37 +227,34 @@ class _SetDecoder(Decoder):
         self.pending = [] if h == u else [(sigma[h], emitted[h])]
         self.note([i - self.length for i, _ in items + self.pending], getattr(emitted, "deciding", None))
         self.model.commit(self.p[-1] + h)
-        return h, self.resolve(items + self.pending)
+        return h, self.resolve(items + self.pending), later
 
     # ----------------------------------------------------------------- prefill and records
     def prefill(self) -> Steps:
         prompt = list(zip(range(self.length), self.prompt))
         if self.settings.order == "confidence":
             window = self.window()
-            return self.start_block(window, (yield from self.run_window("prefill", prompt, window)))
+            logits = yield from self.run_window("prefill", prompt, window)
+            return (yield from self.start_block(window, logits, range(len(window))))
         width = self.settings.width if self.drafts_at_prefill else 1
         logits = yield from self.run_window("prefill", prompt, list(range(self.length, self.length + width)))
-        first = next_token(logits[0], self.settings.sampling).tolist()[0]
-        self.note([0], logits[:1])
-        if width > 1:
-            tokens, q = propose(logits[1:], self.settings.sampling)
-            self.store(list(range(self.length + 1, self.length + width)), tokens, q)
-        self.pending = [(self.length, first)]
+        # The first token (one draw at T > 0), then the first drafts (their own draws).
+        drafting = (Propose((range(1, width),)),) if width > 1 else ()
+        first, *drafted = yield from self.host(logits, Propose((range(1),), decides=True), *drafting)
+        self.note([0], first.deciding(0))
+        if drafted:
+            self.store(list(range(self.length + 1, self.length + width)), drafted[0])
+        self.pending = [(self.length, first.tokens[0])]
         return self.resolve(self.pending)
 
     def extra(self) -> dict:
-        return {
-            "u": self.u,
-            "p": self.p,
-            "resolved": self.resolved,
-            "call_kinds": self.kinds,
-            "order": self.settings.order,
-            "lossless": not self.lossy,
-        }
+        return {"u": self.u, "p": self.p, "resolved": self.resolved, "call_kinds": self.kinds,
+                "order": self.settings.order, "lossless": not self.lossy}  # fmt: skip
 
 
 class _AR(_SetDecoder):
     name = "ar"  # a window of W positions, resolved one at a time (in confidence order: W matters)
+    batched_steps = True  # its host work is Host steps on the logits it slices
 
     @staticmethod
     def largest_call_rows(width: int) -> int:
@@ -275,17 +263,20 @@ class _AR(_SetDecoder):
     def step(self) -> Steps:
         window = self.window()
         if self.starting:
-            return self.start_block(window, (yield from self.run_window("ar", self.pending, window)))
+            logits = yield from self.run_window("ar", self.pending, window)
+            return (yield from self.start_block(window, logits, range(len(window))))
         nxt = self.order(window)[0] if self.settings.order == "confidence" else window[0]
         logits = yield from self.run_window("ar", self.pending, [nxt])
-        item = (nxt, next_token(logits[-1], self.settings.sampling).tolist()[0])
-        self.note([nxt - self.length], logits[-1:])
+        (proposed,) = yield from self.host(logits, Propose((range(1),), decides=True))
+        item = (nxt, proposed.tokens[0])
+        self.note([nxt - self.length], proposed.deciding(0))
         self.pending = [item]
         return self.resolve([item])
 
 
 class _Linear(_SetDecoder):
     name = "linear"
+    batched_steps = True  # its host work is Host steps on the logits it slices
     calls_per_iteration = 2
     rows_formula = "p+3u_t"  # the paper's maxima take u_t = W and p = 1
 
@@ -303,19 +294,20 @@ class _Linear(_SetDecoder):
         starting = self.starting
         logits = yield from self.run_window("draft", self.pending, window)
         self.pending = []
-        tokens, q = propose(logits, self.settings.sampling)
-        self.store(window, tokens, q)
+        (proposed,) = yield from self.host(logits, Propose((range(u),), confident=starting))
+        self.store(window, proposed)
         if starting:
-            self.keys = dict(zip(window, self.confidences(logits, tokens)))
+            self.keys = dict(zip(window, proposed.confidence))
         sigma = self.order(window)
         clean = [(i, self.drafts[i][0]) for i in sigma]
         logits = yield from self.run("verify", [], clean, [True] * u, sigma, list(range(u)), [True] * u, u)
-        _, done = self.verify_ranks(sigma, logits[u:])
+        _, done, _ = yield from self.verify_ranks(sigma, logits, list(range(u, 2 * u)))
         return done
 
 
 class _Packed(_SetDecoder):
     name = "packed"
+    batched_steps = True  # its host work is Host steps on the logits it slices
     drafts_at_prefill = True
     rows_formula = "p+3u_t"
 
@@ -339,19 +331,22 @@ class _Packed(_SetDecoder):
         masks = sigma + window
         levels = list(range(u)) + [0] * u
         logits = yield from self.run("packed", self.pending, clean, real, masks, levels, query_real + [True] * u, u)
-        draft_logits = logits[p + 2 * u :]
+        draft_rows = range(p + 2 * u, p + 3 * u)
         if starting:
             self.model.commit(p)
-            return self.start_block(window, draft_logits)
-        _, done = self.verify_ranks(sigma, logits[p + u : p + 2 * u])
-        ahead = proposals_ahead(draft_logits, window, self.tokens, self.settings.sampling)
+            return (yield from self.start_block(window, logits, draft_rows))
+        # One call ahead: every draft row proposes (so the random stream does not depend on what
+        # the verification resolved); the proposals at positions it resolved are dropped.
+        _, done, (ahead,) = yield from self.verify_ranks(sigma, logits, list(range(p + u, p + 2 * u)),
+                                                         Propose((draft_rows,)))  # fmt: skip
         self.drafts = {}
-        self.store(ahead.positions, ahead.tokens, ahead.probs)
+        self.store(window, ahead, [k for k, position in enumerate(window) if position not in self.tokens])
         return done
 
 
 class _Quadratic(_SetDecoder):
     name = "quadratic"
+    batched_steps = True  # its host work is Host steps on the logits it slices
     drafts_at_prefill = True
     rows_formula = "p+2u_t+u_t^2"
 
@@ -387,40 +382,43 @@ class _Quadratic(_SetDecoder):
             block_real += ok
         masks = [i for rows in blocks for i in rows]
         logits = yield from self.run("quadratic", self.pending, clean, real, masks, levels, block_real, u)
-        block_logits = logits[p + u :].view(u + 1, u, -1)
+        first = p + u  # block k's rows are first + k u ..
         if starting:
             self.model.commit(p)
-            return self.start_block(window, block_logits[0])
-        h, done = self.verify_ranks(sigma, block_logits[:u, 0])
+            return (yield from self.start_block(window, logits, range(first, first + u)))
+        h, done, _ = yield from self.verify_ranks(sigma, logits, [first + k * u for k in range(u)])
         self.drafts = {}
         rows, ok = blocks[h], block_real[h * u : (h + 1) * u]
         skip = 0 if h == u else 1  # after a correction, row 0 sits at the corrected position
         keep = [k for k in range(skip, u) if ok[k] and rows[k] not in self.tokens]
         if keep:
-            tokens, q = propose(block_logits[h, keep], self.settings.sampling)
-            self.store([rows[k] for k in keep], tokens, q)
+            (proposed,) = yield from self.host(logits, Propose(runs_of([first + h * u + k for k in keep])))
+            self.store([rows[k] for k in keep], proposed)
         return done
 
 
 class _Native(_SetDecoder):
     name = "native"
+    batched_steps = True  # its host work is Host steps on the logits it slices
     lossy = True
 
     @staticmethod
     def largest_call_rows(width: int) -> int:
         return 2 * width  # p + u with p <= W (its own window)
 
-    def resolve_confident(self, window: list[int], logits: torch.Tensor) -> bool:
+    def confidences(self, proposed: Proposed) -> list[float]:
+        return proposed.confidence
+
+    def resolve_confident(self, window: list[int], logits) -> Steps:
         """SetDLM's own decoder: propose for every open position of the window; resolve the most
         confident proposal and every proposal at least `confidence_threshold` confident."""
-        tokens, _ = propose(logits, self.settings.sampling)
-        conf = self.confidences(logits, tokens)
-        tokens = tokens.tolist()
+        (proposed,) = yield from self.host(logits, Propose((range(len(window)),), confident=True))
+        conf, tokens = self.confidences(proposed), proposed.tokens
         # As the released sampler: of equally confident proposals the rightmost position wins,
         # and the threshold is compared in float32, where a probability of exactly float32(0.9)
         # passes.
         best = max(range(len(window)), key=lambda k: (conf[k], window[k]))
-        threshold = _float32(self.settings.confidence_threshold)
+        threshold = torch.tensor(self.settings.confidence_threshold, dtype=torch.float32).item()
         chosen = [k for k in range(len(window)) if k == best or conf[k] >= threshold]
         items = [(window[k], tokens[k]) for k in chosen]
         self.pending = items  # by position: the next call writes them in this order
@@ -428,11 +426,12 @@ class _Native(_SetDecoder):
 
     def prefill(self) -> Steps:
         window = self.window()
-        return self.resolve_confident(window, (yield from self.run_window("prefill", list(enumerate(self.prompt)), window)))
+        logits = yield from self.run_window("prefill", list(enumerate(self.prompt)), window)
+        return (yield from self.resolve_confident(window, logits))
 
     def step(self) -> Steps:
         window = self.window()
-        return self.resolve_confident(window, (yield from self.run_window("native", self.pending, window)))
+        return (yield from self.resolve_confident(window, (yield from self.run_window("native", self.pending, window))))
 
 
 ANYORDER_DECODERS: tuple[type[Decoder], ...] = (_AR, _Linear, _Quadratic, _Packed, _Native)
