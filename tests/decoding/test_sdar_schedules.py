@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from packedss.decoding import LTRSettings, Sampling
-from packedss.decoding import queried
+from packedss.decoding import driver, queried
 from packedss.decoding.blockdiff import low_confidence_dynamic, transfer_counts, verify_score
 from packedss.decoding.verify import exponential_race, probabilities
 from packedss.families import FAMILIES
@@ -335,6 +335,7 @@ def test_sampled_sdar_schedules_preserve_the_ar_distribution(exact, schedule, ru
 @pytest.mark.parametrize("schedule", ["linear", "packed"])
 def test_broken_sdar_verifier_fails_the_same_test(exact, schedule, monkeypatch):
     monkeypatch.setattr(queried, "verify", accept_every_draft)
+    monkeypatch.setattr(driver, "verify", accept_every_draft)  # Packed-SS's, through verify_ahead
     assert chi_square_p(toy_samples(schedule, "rejection"), exact) < LEVEL
 
 

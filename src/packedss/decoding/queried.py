@@ -12,7 +12,7 @@ import functools
 import torch
 
 from packedss.decoding.calls import Call, Role, Segment, causal_segment, draft_block, pack, pad_segment
-from packedss.decoding.driver import Host, Steps, proposals_ahead
+from packedss.decoding.driver import Host, Steps, proposals_ahead, verify_ahead
 from packedss.decoding.schedules import _AR, _Linear, _mask_tokens, _Packed, _Shape, _shape
 from packedss.decoding.verify import propose, verify
 
@@ -156,9 +156,10 @@ class _QueriedPacked(_Packed):
         shape = _packed_shape(m, s.width, self.model.mask_token_id, s.pad_verify, self.model.device)
         queries, padding, block = shape.masks
         logits = yield shape.call([self.last, drafts.tokens, queries, padding, self.last, block], n)
-        emitted = yield Host(verify, logits[m + 1 : 2 * m + 2], drafts.tokens, drafts.probs, s.sampling)
+        # The queries' verification, then the draft block's proposals for n+1..n+W less what the
+        # emitted tokens took: one Host step, so a batch runs both in one wave.
+        emitted, self.drafts = yield Host(verify_ahead, logits[m + 1 : 2 * m + 2], drafts.tokens, drafts.probs,
+                                          logits[-s.width :], n + 1, s.sampling)  # fmt: skip
         done = self.verified(emitted, m)
-        masks, taken = range(n + 1, n + 1 + s.width), range(n + 1, n + 1 + len(emitted))
-        self.drafts = yield Host(proposals_ahead, logits[-s.width :], masks, taken, s.sampling)
         self.position += len(emitted)
         return done
