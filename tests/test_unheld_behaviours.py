@@ -43,20 +43,22 @@ GREEDY = Sampling(0.0, "rejection", None)
 # ---- 1. SetDLM past its context at C > 1 ----
 
 
-def _setdlm_with_context(directory: Path, context: int) -> Path:
-    """The shipped tiny set model with config.json `length` (its context) cut to `context`."""
+def _setdlm_with_context(directory: Path, context: int, smax: int) -> Path:
+    """The shipped tiny set model with config.json `length` (its context) cut to `context` and its
+    largest window to `smax` (the model's prompts then leave 1 + 2 smax + smax^2 rows for a call)."""
     directory.mkdir()
     for item in TINY_SET.iterdir():
         if item.name != "config.json":
             (directory / item.name).symlink_to(item)
     config = json.loads((TINY_SET / "config.json").read_text())
-    (directory / "config.json").write_text(json.dumps(config | {"length": context}))
+    noise = config["noise_config"] | {"max_block_size": smax}
+    (directory / "config.json").write_text(json.dumps(config | {"length": context, "noise_config": noise}))
     return directory
 
 
 @pytest.mark.skipif(not (TINY_SET / "config.json").is_file(), reason="the shipped tiny set model is absent")
 def test_a_batched_setdlm_job_past_its_context_writes_the_outputs_of_one_at_a_time(composed, tmp_path):  # noqa: F811
-    checkpoint = _setdlm_with_context(tmp_path / "tiny-set-24", 24)  # prompts of 11 tokens, outputs of up to 40
+    checkpoint = _setdlm_with_context(tmp_path / "tiny-set-32", 32, 4)  # prompts cut to 7 tokens, outputs of up to 40
 
     def records(concurrency: int) -> dict[str, dict]:
         out = tmp_path / f"c{concurrency}"

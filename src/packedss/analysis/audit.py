@@ -9,7 +9,11 @@ from there. Each response is classed:
 - `equal`: its output ids are AR's;
 - `numerical`: they differ, and the response or AR's recorded a near-tie at an output index at or
   before the first differing one;
-- `unexplained`: they differ with no such near-tie (a bug until shown otherwise).
+- `context`: they differ, with no such near-tie, at or after the first token a call emitted once
+  the response outgrew its model's context (SetDLM's `length`: that call dropped the oldest
+  cache rows, `cache_rows_dropped`). Each schedule drops rows before its own calls, as the
+  released decoder does, so past that point its tokens see another window than AR's;
+- `unexplained`: they differ with none of these (a bug until shown otherwise).
 
 The AR response of the same identity: same question and sample, and every identity field equal
 but the schedule, W (unless the family's AR reads W: then the same W) and `pad_verify`. Responses
@@ -24,9 +28,10 @@ import json
 import pandas as pd
 
 from packedss.analysis.load import RUN_KEYS
+from packedss.families import FAMILIES
 from packedss.job import IDENTITY_FIELDS
 
-CLASSES = ("equal", "numerical", "unexplained")
+CLASSES = ("equal", "numerical", "context", "unexplained")
 # What may differ between a schedule's run and its AR run (block follows W, lossy the schedule,
 # max_ngram is pld's own).
 _FREE = ("schedule", "width", "block", "pad_verify", "lossy", "max_ngram")
@@ -52,13 +57,32 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return None if len(a) == len(b) else min(len(a), len(b))
 
 
-def classify(output: list[int], ties: list, ar_output: list[int], ar_ties: list) -> tuple[str, int | None]:
-    """(class, first differing output index) of one response against AR's."""
+def classify(output: list[int], ties: list, ar_output: list[int], ar_ties: list,
+             slid_from: int | None = None) -> tuple[str, int | None]:  # fmt: skip
+    """(class, first differing output index) of one response against AR's; `slid_from`: the first
+    output index either of them emitted after dropping cache rows (None: neither dropped any)."""
     first = first_difference(list(output), list(ar_output))
     if first is None:
         return "equal", None
-    near = any(index <= first for index, _ in list(ties or []) + list(ar_ties or []))
-    return ("numerical" if near else "unexplained"), first
+    if any(index <= first for index, _ in list(ties or []) + list(ar_ties or [])):
+        return "numerical", first
+    return ("context" if slid_from is not None and first >= slid_from else "unexplained"), first
+
+
+def slid_from(row: pd.Series) -> int | None:
+    """The output index of the first token a call emitted after it dropped cache rows (the model's
+    context outgrown), from the record's per-call `cache_rows_dropped`, its prefill calls and its
+    accepted tokens per iteration; None when no call dropped any."""
+    dropped = row.get("cache_rows_dropped")
+    if not isinstance(dropped, list) or not any(dropped):
+        return None
+    call = next(k for k, rows in enumerate(dropped) if rows)
+    prefill_calls, accepted = int(row["nfe_prefill"]), list(row["accepted"])
+    prefill_tokens = int(row["output_tokens"]) + int(row.get("truncated_tokens") or 0) - sum(accepted)
+    if call < prefill_calls:
+        return 0
+    iteration = (call - prefill_calls) // FAMILIES[row["family"]].calls_per_iteration[row["schedule"]]
+    return prefill_tokens + sum(accepted[:iteration])
 
 
 def _usable(frame: pd.DataFrame) -> pd.DataFrame:
@@ -88,7 +112,9 @@ def audit(responses: pd.DataFrame) -> pd.DataFrame:
         if not match:
             continue
         reference = match[0]
-        verdict, first = classify(row["output_ids"], row["near_ties"], reference["output_ids"], reference["near_ties"])
+        slides = [index for index in (slid_from(row), slid_from(reference)) if index is not None]
+        verdict, first = classify(row["output_ids"], row["near_ties"], reference["output_ids"], reference["near_ties"],
+                                  min(slides, default=None))  # fmt: skip
         rows.append({k: row[k] for k in RUN_KEYS} | {"question_id": row["question_id"], "sample": int(row["sample"]),
                                                     "audit": verdict, "first_difference": first})  # fmt: skip
     return pd.DataFrame(rows, columns=columns)
@@ -111,9 +137,10 @@ def note(audited: pd.DataFrame, sampled: bool = False) -> str:
     c = counts(audited)
     if not sum(c.values()):
         return "Divergence audit (T = 0, lossless vs AR): no audited responses (needs output_ids and an AR run)."
+    context = f"{c['context']} past the context (after a call that dropped cache rows), " if c["context"] else ""
     return (
         f"Divergence audit (T = 0, lossless vs AR of the same identity): {c['equal']} equal, {c['numerical']} "
-        f"numerical (at a recorded near-tie), {c['unexplained']} unexplained."
+        f"numerical (at a recorded near-tie), {context}{c['unexplained']} unexplained."
     )
 
 

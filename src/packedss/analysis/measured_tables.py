@@ -105,7 +105,8 @@ def runs_table(pq: pd.DataFrame, comparisons: Comparisons) -> Table:
             "Questions", "Samples", "Repeats"] + [name.capitalize() for name in audit.CLASSES]  # fmt: skip
     notes = [
         "One row per run (every family in the records). " + ABS_NOTE,
-        "Equal, Numerical, Unexplained: the divergence audit of a lossless run at T = 0 against AR (docs/analysis.md).",
+        "Equal, Numerical, Context, Unexplained: the divergence audit of a lossless run at T = 0 against AR "
+        "(docs/analysis.md; Context: past the model's context, after a call that dropped cache rows).",
         "Samples: independent samples per question (T > 0), averaged per question; Repeats: timings of each response, averaged.",
         "Pooled rates (Tokens/s, Tokens/NFE, Acceptance) are aggregate totals, the paper's; '(per request)' columns are "
         "the means of each response's own rate. Acceptance = drafts accepted / drafts verified.",
