@@ -8,7 +8,10 @@ import pytest
 import torch
 
 from packedss.decoding import LTRSettings, Sampling
+from packedss.decoding.batched_ops import BATCHED
+from packedss.decoding.blockdiff import denoise
 from packedss.decoding.driver import run_alone
+from packedss.decoding.rows import Rows
 from packedss.families import FAMILIES
 from packedss.models.sdar import load_sdar
 from packedss.models.static import end_warmup, enable_static, static_capacity
@@ -46,12 +49,40 @@ def test_batched_sdar_decoding_equals_one_at_a_time(checkpoint, schedule, concur
     assert len({len(out.tokens) for out in alone.values()}) > 2  # they do finish at different times
 
 
+@pytest.mark.parametrize("concurrency", [3, 16])
 @pytest.mark.parametrize("schedule", SCHEDULES)
-def test_sampled_batched_sdar_decoding_draws_each_requests_own_samples(checkpoint, schedule):
+def test_sampled_batched_sdar_decoding_draws_each_requests_own_samples(checkpoint, schedule, concurrency):
     model = load_sdar(checkpoint, dtype="float32")
-    alone, _ = _check(model, _requests(SDAR.decoders, _settings(schedule, 1.0), _pairs(3)), 3)
-    greedy = _requests(SDAR.decoders, _settings(schedule), _pairs(3))
+    alone, _ = _check(model, _requests(SDAR.decoders, _settings(schedule, 1.0), _pairs(concurrency)), concurrency)
+    greedy = _requests(SDAR.decoders, _settings(schedule), _pairs(concurrency))
     assert any(run_alone(r.start(model)).tokens != alone[r.key].tokens for r in greedy)  # they did sample
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_batched_denoising_step_gives_each_block_what_it_gets_alone(temperature):
+    """`denoise` of several blocks at once (sdar-native's Host step): the remasking's both paths
+    (enough rows above the threshold, else the top count, with ties), counts of 1 and more, and
+    at T = 1 each block's exponential race from its own generator."""
+    generator = torch.Generator().manual_seed(4)
+    blocks, block, vocabulary, mask = 9, 5, 30, 3
+    logits = (torch.randn(blocks * block, vocabulary, generator=generator) * 3).round()
+    logits[::7] *= 10  # some rows confident enough for the threshold
+    tokens = [torch.where(torch.rand(block, generator=generator) < 0.6, mask, 7) for _ in range(blocks)]
+    for k in range(blocks):
+        tokens[k][k % block] = mask  # every block has a masked row
+    counts = [1 + k % 3 for k in range(blocks)]
+
+    def args(k, seed):
+        sampling = Sampling(temperature, "rejection", torch.Generator().manual_seed(seed + k))
+        return (Rows(logits, k * block, (k + 1) * block), tokens[k], min(counts[k], int((tokens[k] == mask).sum())),
+                0.85, mask, sampling)  # fmt: skip
+
+    read, finish = BATCHED[denoise]([args(k, 50) for k in range(blocks)], torch.device("cpu"))
+    together = finish(read.tolist())
+    for k, (new, resolved) in enumerate(together):
+        alone_logits, *rest = args(k, 50)
+        want, want_resolved = denoise(alone_logits.tensor(), *rest)
+        assert torch.equal(new, want) and resolved == want_resolved
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)

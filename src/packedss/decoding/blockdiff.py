@@ -22,12 +22,13 @@ from collections.abc import Sequence
 import torch
 
 from packedss.decoding.calls import Call, CallModel, Layout, Planned, Role, Rule, block_segment, causal_segment, layout_of, pack
-from packedss.decoding.driver import Decoder, LTRSettings, Steps
+from packedss.decoding.batched_ops import BATCHED
+from packedss.decoding.driver import Decoder, Host, LTRSettings, Steps
 from packedss.decoding.queried import _queries, _QueriedAR, _QueriedLinear, _QueriedPacked
-from packedss.decoding.rows import uploaded
+from packedss.decoding.rows import concatenated, materialized, uploaded
 from packedss.decoding.schedules import _mask_tokens
 from packedss.decoding.trace import StopCheck
-from packedss.decoding.verify import EXPONENTIAL_RACE, exponential_race, probabilities
+from packedss.decoding.verify import EXPONENTIAL_RACE, Sampling, exponential_race, probabilities
 
 
 # ---- block diffusion: aligned blocks of B tokens ----
@@ -105,6 +106,51 @@ def low_confidence_dynamic(confidence: torch.Tensor, masked: torch.Tensor, count
     chosen = torch.zeros_like(masked)
     chosen[confidence.topk(count).indices] = True
     return chosen
+
+
+def denoise(logits: torch.Tensor, tokens: torch.Tensor, count: int, threshold: float, mask_token_id: int,
+            sampling: Sampling) -> tuple[torch.Tensor, int]:  # fmt: skip
+    """One denoising step of a block (`tokens`, MASK where unresolved) from its call's logits:
+    each row's proposal, then low-confidence dynamic remasking of at least `count` rows. The
+    block's new tokens and how many it resolved."""
+    proposal, confidence, _ = denoised(logits, sampling.temperature, sampling.generator, mask_token_id)
+    chosen = low_confidence_dynamic(confidence, tokens == mask_token_id, count, threshold)
+    return torch.where(chosen, proposal, tokens), int(chosen.sum())
+
+
+def _denoised_blocks(args: Sequence[tuple], device: torch.device):
+    """`denoise` of every request's block at once: one softmax over every row, the proposals (at
+    T > 0 each request's exponential race drawn from its own generator, V draws per row as alone),
+    the remasking of every block from one comparison and each distinct count's top-k. Read back:
+    how many each block resolved."""
+    block = len(args[0][1])
+    if any(len(a[1]) != block for a in args):  # blocks of different sizes: one at a time
+        results = [denoise(materialized(a[0]), *a[1:]) for a in args]
+        return None, lambda values: results
+    (_, _, _, threshold, mask, sampling), requests = args[0], len(args)
+    probs = distributions(concatenated([a[0] for a in args], device), sampling.temperature, mask)
+    if sampling.temperature == 0:
+        proposal = probs.argmax(dim=-1)
+    else:
+        race = torch.empty_like(probs)
+        for k, a in enumerate(args):
+            race[k * block : (k + 1) * block].exponential_(generator=a[-1].generator)
+        proposal = (probs / race.clamp_(min=torch.finfo(race.dtype).tiny)).argmax(dim=-1)
+    tokens = torch.stack([a[1] for a in args])
+    confidence = torch.where(tokens == mask, probs.gather(-1, proposal[:, None]).view(requests, block), -torch.inf)
+    high = confidence > threshold
+    counts = [a[2] for a in args]
+    chosen = torch.zeros_like(high)
+    for count in sorted(set(counts)):  # each distinct count's most confident rows, as topk alone
+        rows = uploaded([k for k, c in enumerate(counts) if c == count], device)
+        top = confidence.index_select(0, rows).topk(count, dim=1).indices
+        chosen[rows[:, None], top] = True
+    chosen = torch.where((high.sum(dim=1) >= uploaded(counts, device))[:, None], high, chosen)
+    new = torch.where(chosen, proposal.view(requests, block), tokens).unbind(0)
+    return chosen.sum(dim=1), lambda values: list(zip(new, values))
+
+
+BATCHED[denoise] = _denoised_blocks  # the engine finds a Host step's batched form by its function
 
 
 class _BlockDiffusion(Decoder):
@@ -186,6 +232,7 @@ class _BlockDiffusion(Decoder):
 
 class _SDARNative(_BlockDiffusion):
     name = "sdar-native"
+    batched_steps = True  # its host work is the Host step `denoise` on the logits it gets
 
     @staticmethod
     def largest_call_rows(width: int) -> int:
@@ -196,11 +243,11 @@ class _SDARNative(_BlockDiffusion):
             return (yield from self.commit_block())
         logits = yield self.call_of("denoise")
         self.model.commit(0)
-        sampling = self.settings.sampling
-        proposal, confidence, _ = denoised(logits, sampling.temperature, sampling.generator, self.model.mask_token_id)
         count = min(self.transfers[self.step_index], self.unresolved)
         self.step_index += 1
-        self.counted("denoise", self.fallback(confidence, proposal, count))
+        self.tokens, resolved = yield Host(denoise, logits, self.tokens, count, self.threshold, self.model.mask_token_id,
+                                           self.settings.sampling)  # fmt: skip
+        self.counted("denoise", resolved)
         return False
 
 
