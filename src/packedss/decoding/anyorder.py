@@ -300,8 +300,9 @@ class _Linear(_SetDecoder):
             self.keys = dict(zip(window, proposed.confidence))
         sigma = self.order(window)
         clean = [(i, self.drafts[i][0]) for i in sigma]
-        logits = yield from self.run("verify", [], clean, [True] * u, sigma, list(range(u)), [True] * u, u)
-        _, done, _ = yield from self.verify_ranks(sigma, logits, list(range(u, 2 * u)))
+        # Logits of the queries only (the clean rows' are never read).
+        logits = yield from self.run("verify", [], clean, [True] * u, sigma, list(range(u)), [True] * u, u, read_from=u)
+        _, done, _ = yield from self.verify_ranks(sigma, logits)
         return done
 
 
@@ -330,15 +331,16 @@ class _Packed(_SetDecoder):
         query_real = [r < first_missing + 1 and not starting for r in range(u)]
         masks = sigma + window
         levels = list(range(u)) + [0] * u
-        logits = yield from self.run("packed", self.pending, clean, real, masks, levels, query_real + [True] * u, u)
-        draft_rows = range(p + 2 * u, p + 3 * u)
+        # Logits of the queries and the draft rows only (the p and clean rows' are never read).
+        logits = yield from self.run("packed", self.pending, clean, real, masks, levels, query_real + [True] * u, u,
+                                     read_from=p + u)  # fmt: skip
+        draft_rows = range(u, 2 * u)
         if starting:
             self.model.commit(p)
             return (yield from self.start_block(window, logits, draft_rows))
         # One call ahead: every draft row proposes (so the random stream does not depend on what
         # the verification resolved); the proposals at positions it resolved are dropped.
-        _, done, (ahead,) = yield from self.verify_ranks(sigma, logits, list(range(p + u, p + 2 * u)),
-                                                         Propose((draft_rows,)))  # fmt: skip
+        _, done, (ahead,) = yield from self.verify_ranks(sigma, logits, None, Propose((draft_rows,)))
         self.drafts = {}
         self.store(window, ahead, [k for k, position in enumerate(window) if position not in self.tokens])
         return done
@@ -381,18 +383,18 @@ class _Quadratic(_SetDecoder):
             levels += [k] * u
             block_real += ok
         masks = [i for rows in blocks for i in rows]
-        logits = yield from self.run("quadratic", self.pending, clean, real, masks, levels, block_real, u)
-        first = p + u  # block k's rows are first + k u ..
+        # Logits of the blocks only (the p and clean rows' are never read): block k's rows k u ..
+        logits = yield from self.run("quadratic", self.pending, clean, real, masks, levels, block_real, u, read_from=p + u)
         if starting:
             self.model.commit(p)
-            return (yield from self.start_block(window, logits, range(first, first + u)))
-        h, done, _ = yield from self.verify_ranks(sigma, logits, [first + k * u for k in range(u)])
+            return (yield from self.start_block(window, logits, range(u)))
+        h, done, _ = yield from self.verify_ranks(sigma, logits, [k * u for k in range(u)])
         self.drafts = {}
         rows, ok = blocks[h], block_real[h * u : (h + 1) * u]
         skip = 0 if h == u else 1  # after a correction, row 0 sits at the corrected position
         keep = [k for k in range(skip, u) if ok[k] and rows[k] not in self.tokens]
         if keep:
-            (proposed,) = yield from self.host(logits, Propose(runs_of([first + h * u + k for k in keep])))
+            (proposed,) = yield from self.host(logits, Propose(runs_of([h * u + k for k in keep])))
             self.store([rows[k] for k in keep], proposed)
         return done
 
