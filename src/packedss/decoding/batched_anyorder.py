@@ -189,28 +189,30 @@ def _greedy_rounds(args: Sequence[tuple], device: torch.device) -> tuple[torch.T
         out = [[None] * len(a[1]) for a in args]
         place = 0  # where the next confident part's bits start
         for k, index_, begin, end, part in wave.owners:
-            margins = Rows(margin, begin, end) if deciding else None
             if type(part) is Verify:
-                out[k][index_] = _accepted(values[begin:end], part.tokens, margins, flags[begin:end])
+                out[k][index_] = _accepted(values, begin, part.tokens, margin, flags)
                 continue
             confidence = None
             if part.confident:
                 confidence = _floats(bits[place : place + end - begin], chosen.dtype)
                 place += end - begin
-            near_flags = flags[begin:end] if deciding else None
-            out[k][index_] = Proposed(values[begin:end], None, confidence, None, margins, near_flags)
+            if deciding:
+                out[k][index_] = Proposed(values[begin:end], None, confidence, None, Rows(margin, begin, end), flags[begin:end])
+            else:
+                out[k][index_] = Proposed(values[begin:end], None, confidence, None)
         return out
 
     return torch.cat(read), finish
 
 
-def _accepted(verified: list[int], drafts: list[int], margins: Rows, flags: list[int]) -> Emitted:
-    """`verify` at T = 0 from its verifier rows' tokens: the drafts accepted while they equal them,
-    then one more token (correction or bonus)."""
+def _accepted(values: list[int], begin: int, drafts: list[int], margin: torch.Tensor, flags: list[int]) -> Emitted:
+    """`verify` at T = 0 from its verifier rows' tokens (values[begin:]): the drafts accepted while
+    they equal them, then one more token (correction or bonus), and the rows that decided them."""
     h = 0
-    while h < len(drafts) and drafts[h] == verified[h]:
+    while h < len(drafts) and drafts[h] == values[begin + h]:
         h += 1
-    return Emitted(verified[: h + 1], None, DecidedMargins(margins[: h + 1], flags[: h + 1]))
+    end = begin + h + 1
+    return Emitted(values[begin:end], None, DecidedMargins(Rows(margin, begin, end), flags[begin:end]))
 
 
 def _sampled_rounds(args: Sequence[tuple], device: torch.device) -> tuple[torch.Tensor, Finish]:
