@@ -128,8 +128,20 @@ def _greedy(rows: Sequence, device: torch.device) -> tuple[torch.Tensor, tuple]:
     if greedy is None:
         greedy = _Greedy(concatenated(rows, device))
         return greedy.tokens, _margins(greedy.top2, greedy.logits.dtype)
+    if _every_row(rows, greedy.logits.shape[0]):  # e.g. AR's and Linear-SS's verifications: no gather
+        return greedy.tokens, _margins(greedy.top2, greedy.logits.dtype)
     index = ranges([r.start for r in rows], [r.stop - r.start for r in rows], device)
     return greedy.tokens.index_select(0, index), _margins(greedy.top2.index_select(0, index), greedy.logits.dtype)
+
+
+def _every_row(rows: Sequence[Rows], count: int) -> bool:
+    """Whether `rows` are the `count` rows of their source, in order."""
+    end = 0
+    for r in rows:
+        if r.start != end:
+            return False
+        end = r.stop
+    return end == count
 
 
 def _argmaxes(rows: Sequence, device: torch.device) -> tuple[torch.Tensor, list[int]]:
