@@ -9,7 +9,7 @@ import torch
 
 from packedss.decoding import LTRSettings, Sampling
 from packedss.decoding.batched_ops import BATCHED
-from packedss.decoding.blockdiff import denoise
+from packedss.decoding.block_steps import denoise
 from packedss.decoding.driver import run_alone
 from packedss.decoding.rows import Rows
 from packedss.families import FAMILIES

@@ -20,7 +20,8 @@ import torch
 
 from packedss.decoding import LTRSettings, Sampling
 from packedss.decoding import driver, queried
-from packedss.decoding.blockdiff import low_confidence_dynamic, transfer_counts, verify_score
+from packedss.decoding.block_steps import low_confidence_dynamic, verify_score
+from packedss.decoding.blockdiff import transfer_counts
 from packedss.decoding.verify import exponential_race, probabilities
 from packedss.families import FAMILIES
 from packedss.models.sdar import load_sdar

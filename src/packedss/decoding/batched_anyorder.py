@@ -117,15 +117,15 @@ def set_round(logits, parts: tuple, sampling: Sampling) -> list:
     return out
 
 
-def _bits(values: torch.Tensor) -> torch.Tensor:
+def float_bits(values: torch.Tensor) -> torch.Tensor:
     """A float tensor's bits as longs, to be read back with the round's tokens."""
     if values.dtype == torch.float64:
         return values.view(torch.int64)
     return values.float().view(torch.int32).long()
 
 
-def _floats(bits: list[int], dtype: torch.dtype) -> list[float]:
-    """The floats whose bits `_bits` read back."""
+def floats_of(bits: list[int], dtype: torch.dtype) -> list[float]:
+    """The floats whose bits `float_bits` read back."""
     wide = dtype == torch.float64
     return array.array("d" if wide else "f", array.array("q" if wide else "i", bits).tobytes()).tolist()
 
@@ -181,7 +181,7 @@ def _greedy_rounds(args: Sequence[tuple], device: torch.device) -> tuple[torch.T
     if confident:
         at = ranges([b for b, _ in confident], [e - b for b, e in confident], device)
         chosen = confidences(source.index_select(0, index.index_select(0, at)), tokens.index_select(0, at), 1.0)
-        read.append(_bits(chosen))
+        read.append(float_bits(chosen))
 
     def finish(values: list[int]) -> list:
         flags = values[total : 2 * total] if deciding else None
@@ -194,7 +194,7 @@ def _greedy_rounds(args: Sequence[tuple], device: torch.device) -> tuple[torch.T
                 continue
             confidence = None
             if part.confident:
-                confidence = _floats(bits[place : place + end - begin], chosen.dtype)
+                confidence = floats_of(bits[place : place + end - begin], chosen.dtype)
                 place += end - begin
             if deciding:
                 out[k][index_] = Proposed(values[begin:end], None, confidence, None, Rows(margin, begin, end), flags[begin:end])
@@ -233,7 +233,7 @@ def _sampled_rounds(args: Sequence[tuple], device: torch.device) -> tuple[torch.
         drawn = [uniforms(end - begin, args[k][-1].generator, device) for k, _, begin, end, _ in proposing]
         tokens = inverse_cdf(probs, torch.cat(drawn))
         chosen = probs.gather(1, tokens[:, None])[:, 0]
-        reads += [tokens, _bits(chosen)]
+        reads += [tokens, float_bits(chosen)]
     before = 0 if verified is None else verified.shape[0]
 
     def finish(values: list[int]) -> list:
@@ -244,7 +244,7 @@ def _sampled_rounds(args: Sequence[tuple], device: torch.device) -> tuple[torch.
         count = len(values) // 2
         for k, index, begin, end, part in proposing:
             size = end - begin
-            confidence = _floats(values[count + place : count + place + size], chosen.dtype) if part.confident else None
+            confidence = floats_of(values[count + place : count + place + size], chosen.dtype) if part.confident else None
             out[k][index] = Proposed(values[place : place + size], probs[place : place + size], confidence, None)
             place += size
         return out

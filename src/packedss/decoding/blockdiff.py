@@ -16,19 +16,18 @@ one call per iteration, whichever kind it is (`call_kinds` in the record).
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Sequence
 
 import torch
 
 from packedss.decoding.calls import Call, CallModel, Layout, Planned, Role, Rule, block_segment, causal_segment, layout_of, pack
-from packedss.decoding.batched_ops import BATCHED
+from packedss.decoding.block_steps import denoise, s2d2_draft, s2d2_verify
 from packedss.decoding.driver import Decoder, Host, LTRSettings, Steps
 from packedss.decoding.queried import _queries, _QueriedAR, _QueriedLinear, _QueriedPacked
-from packedss.decoding.rows import concatenated, materialized, uploaded
+from packedss.decoding.rows import uploaded
 from packedss.decoding.schedules import _mask_tokens
 from packedss.decoding.trace import StopCheck
-from packedss.decoding.verify import EXPONENTIAL_RACE, Sampling, exponential_race, probabilities
+from packedss.decoding.verify import EXPONENTIAL_RACE
 
 
 # ---- block diffusion: aligned blocks of B tokens ----
@@ -75,84 +74,6 @@ def transfer_counts(block: int, steps: int) -> list[int]:
     return [block // steps + (1 if k < block % steps else 0) for k in range(steps)]
 
 
-def distributions(logits: torch.Tensor, temperature: float, mask_token_id: int) -> torch.Tensor:
-    """softmax(logits / T), at T = 0 softmax(logits) (S2D2's greedy reading), with no mass on the
-    mask token: a block position is never resolved to MASK, so every block finishes within its
-    steps. (The releases leave the mask logit, and a row that proposes MASK stays masked: with
-    steps to spare they spend one more denoise call on it, at the block's last step generate.py
-    reads past its step schedule and raises IndexError, and S2D2's verifier mostly rejects a mask
-    draft and resamples it; docs/schedules.md §17.)"""
-    logits = logits.clone()
-    logits[:, mask_token_id] = -torch.inf
-    return probabilities(logits, temperature or 1.0)
-
-
-def denoised(logits: torch.Tensor, temperature: float, generator,
-             mask_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
-    """Each row's token (argmax at T = 0, else a sample), its probability, and the rows'
-    distributions (`distributions`)."""
-    probs = distributions(logits, temperature, mask_token_id)
-    tokens = probs.argmax(dim=-1) if temperature == 0 else exponential_race(probs, generator)
-    return tokens, probs.gather(-1, tokens[:, None])[:, 0], probs
-
-
-def low_confidence_dynamic(confidence: torch.Tensor, masked: torch.Tensor, count: int, threshold: float) -> torch.Tensor:
-    """The release's remasking: every masked row above the threshold when there are at least
-    `count` of them, else the `count` most confident masked rows."""
-    confidence = torch.where(masked, confidence, -torch.inf)
-    high = confidence > threshold
-    if int(high.sum()) >= count:
-        return high
-    chosen = torch.zeros_like(masked)
-    chosen[confidence.topk(count).indices] = True
-    return chosen
-
-
-def denoise(logits: torch.Tensor, tokens: torch.Tensor, count: int, threshold: float, mask_token_id: int,
-            sampling: Sampling) -> tuple[torch.Tensor, int]:  # fmt: skip
-    """One denoising step of a block (`tokens`, MASK where unresolved) from its call's logits:
-    each row's proposal, then low-confidence dynamic remasking of at least `count` rows. The
-    block's new tokens and how many it resolved."""
-    proposal, confidence, _ = denoised(logits, sampling.temperature, sampling.generator, mask_token_id)
-    chosen = low_confidence_dynamic(confidence, tokens == mask_token_id, count, threshold)
-    return torch.where(chosen, proposal, tokens), int(chosen.sum())
-
-
-def _denoised_blocks(args: Sequence[tuple], device: torch.device):
-    """`denoise` of every request's block at once: one softmax over every row, the proposals (at
-    T > 0 each request's exponential race drawn from its own generator, V draws per row as alone),
-    the remasking of every block from one comparison and each distinct count's top-k. Read back:
-    how many each block resolved."""
-    block = len(args[0][1])
-    if any(len(a[1]) != block for a in args):  # blocks of different sizes: one at a time
-        results = [denoise(materialized(a[0]), *a[1:]) for a in args]
-        return None, lambda values: results
-    (_, _, _, threshold, mask, sampling), requests = args[0], len(args)
-    probs = distributions(concatenated([a[0] for a in args], device), sampling.temperature, mask)
-    if sampling.temperature == 0:
-        proposal = probs.argmax(dim=-1)
-    else:
-        race = torch.empty_like(probs)
-        for k, a in enumerate(args):
-            race[k * block : (k + 1) * block].exponential_(generator=a[-1].generator)
-        proposal = (probs / race.clamp_(min=torch.finfo(race.dtype).tiny)).argmax(dim=-1)
-    tokens = torch.stack([a[1] for a in args])
-    confidence = torch.where(tokens == mask, probs.gather(-1, proposal[:, None]).view(requests, block), -torch.inf)
-    high = confidence > threshold
-    counts = [a[2] for a in args]
-    chosen = torch.zeros_like(high)
-    for count in sorted(set(counts)):  # each distinct count's most confident rows, as topk alone
-        rows = uploaded([k for k, c in enumerate(counts) if c == count], device)
-        top = confidence.index_select(0, rows).topk(count, dim=1).indices
-        chosen[rows[:, None], top] = True
-    chosen = torch.where((high.sum(dim=1) >= uploaded(counts, device))[:, None], high, chosen)
-    new = torch.where(chosen, proposal.view(requests, block), tokens).unbind(0)
-    return chosen.sum(dim=1), lambda values: list(zip(new, values))
-
-
-BATCHED[denoise] = _denoised_blocks  # the engine finds a Host step's batched form by its function
-
-
 class _BlockDiffusion(Decoder):
     """Aligned blocks of B = W + 1 tokens: a prefill of the prompt's whole blocks, then one call
     per iteration on the current block, whose tokens are emitted when its commit call writes it."""
@@ -178,6 +99,7 @@ class _BlockDiffusion(Decoder):
         tokens = known + [self.model.mask_token_id] * (self.block - len(known))
         self.start, self.step_index = start, 0
         self.tokens = uploaded(tokens, self.model.device)
+        self.open = [False] * len(known) + [True] * (self.block - len(known))  # still masked, on the host
         self.unresolved = self.block - len(known)
 
     def masked(self) -> torch.Tensor:
@@ -220,12 +142,6 @@ class _BlockDiffusion(Decoder):
         self.start_block(self.start + self.block)
         return done
 
-    def fallback(self, confidence: torch.Tensor, proposal: torch.Tensor, count: int) -> int:
-        """Resolve by low-confidence dynamic remasking; the number of tokens resolved."""
-        chosen = low_confidence_dynamic(confidence, self.masked(), count, self.threshold)
-        self.tokens = torch.where(chosen, proposal, self.tokens)
-        return int(chosen.sum())
-
     def extra(self) -> dict:
         return {"resolved": self.resolved, "call_kinds": self.kinds}
 
@@ -251,13 +167,6 @@ class _SDARNative(_BlockDiffusion):
         return False
 
 
-def verify_score(probs: torch.Tensor, penalty: float) -> float:
-    """S2D2's `difference_static` score with the `soft_entropy_negexp` estimator: the expected
-    accepted length sum_k prod_{i<=k} exp(-H_i / log V) of the span, minus the penalty c."""
-    entropy = -(probs * probs.clamp(min=1e-12).log()).sum(dim=-1) / math.log(probs.shape[-1])
-    return float(torch.exp(-entropy).cumprod(dim=0).sum()) - penalty
-
-
 class _S2D2(_BlockDiffusion):
     """S2D2 on SDAR with AR-like caching (--cache_ver --draft_ver): token-causal prefill and
     commits, the block's resolved prefix causal in draft calls. A draft call proposes every masked
@@ -268,6 +177,7 @@ class _S2D2(_BlockDiffusion):
     penalty = 1.0  # c (paper Config-A, B = 4); `s2d2-always` has c = 0 (Config-B, B = 16)
     score_threshold = 0.0  # tau: verify when the score is at least this
     commit_layout = "commit_causal"
+    batched_steps = True  # its host work is Host steps on the logits it slices
     draws_at_greedy = True  # its acceptance test draws uniforms at every temperature
 
     @staticmethod
@@ -287,53 +197,40 @@ class _S2D2(_BlockDiffusion):
             return (yield from self.commit_block())
         if self.pending is not None:
             return (yield from self.verify_span())
-        masked = self.masked()
-        first_masked = int(masked.to(torch.uint8).argmax())
+        first_masked = self.open.index(True)
+        end = first_masked
+        while end < self.block and self.open[end]:
+            end += 1
+        span = range(first_masked, end)  # the first contiguous masked span
         logits = yield self.call_of("denoise", first_masked)
         self.model.commit(0)
-        sampling = self.settings.sampling
-        proposal, confidence, probs = denoised(logits, sampling.temperature, sampling.generator, self.model.mask_token_id)
-        span = first_masked + int(masked[first_masked:].to(torch.long).cumprod(dim=0).sum())
-        span = range(first_masked, span)
-        if verify_score(probs[span.start : span.stop], self.penalty) >= self.score_threshold:
-            self.pending = (span, proposal, probs)
+        count = min(self.transfers[self.step_index], self.unresolved)
+        drafted = yield Host(s2d2_draft, logits, self.tokens, span, count, self.penalty, self.score_threshold,
+                             self.threshold, self.model.mask_token_id, self.settings.sampling)  # fmt: skip
+        if drafted.resolved is None:
+            self.pending = (span, drafted.proposal, drafted.probs)
             self.counted("draft", 0)
             return False
-        count = min(self.transfers[self.step_index], self.unresolved)
         self.step_index += 1
-        self.counted("draft", self.fallback(confidence, proposal, count))
+        self.tokens = drafted.tokens
+        for position in drafted.resolved:
+            self.open[position] = False
+        self.counted("draft", len(drafted.resolved))
         return False
 
     def verify_span(self) -> Steps:
-        """The 2B-row call [block filled with the drafts | B queries]; the span's drafts are
-        accepted while u < min(1, q/p), and the first rejected one is resampled from
-        norm((q - p)+) (q the verifier's, p the drafter's; no bonus token)."""
+        """The 2B-row call [block filled with the drafts | B queries], verified by `s2d2_verify`."""
         span, proposal, probs = self.pending
         self.pending = None
         logits = yield self.call_of("verify", drafts=proposal)
         self.model.commit(0)
-        sampling = self.settings.sampling
-        rows = torch.arange(span.start, span.stop, device=logits.device)
-        drafts = proposal[rows]
-        q = distributions(logits[self.block + rows], sampling.temperature, self.model.mask_token_id)
-        p = probs[rows]
-        picked = torch.arange(len(rows), device=logits.device)
-        ratio = (q[picked, drafts] / p[picked, drafts].clamp(min=1e-12)).clamp(max=1.0)
-        uniform = torch.rand(len(rows), generator=sampling.generator, device=logits.device, dtype=ratio.dtype)
-        accepted = int((uniform < ratio).to(torch.long).cumprod(dim=0).sum())
-        resolved = drafts.clone()
-        if accepted < len(rows):
-            residual = (q[accepted] - p[accepted]).clamp(min=0)
-            residual = residual if float(residual.sum()) > 0 else q[accepted]
-            resolved[accepted] = exponential_race(residual[None, :], sampling.generator)[0]
-            resolved = resolved[: accepted + 1]
-        update = rows[: len(resolved)]
-        self.tokens = self.tokens.clone()
-        self.tokens[update] = resolved
-        self.draft_proposed += len(rows)
+        self.tokens, resolved, accepted = yield Host(s2d2_verify, logits, self.tokens, span, proposal, probs, self.block,
+                                                     self.model.mask_token_id, self.settings.sampling)  # fmt: skip
+        self.open[span.start : span.start + resolved] = [False] * resolved
+        self.draft_proposed += len(span)
         self.draft_accepted += accepted
         self.step_index += 1
-        self.counted("verify", len(resolved))
+        self.counted("verify", resolved)
         return False
 
 
