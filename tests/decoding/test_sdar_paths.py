@@ -9,7 +9,7 @@ import torch
 
 from packedss.decoding import LTRSettings, Sampling
 from packedss.decoding.batched_ops import BATCHED
-from packedss.decoding.block_steps import denoise
+from packedss.decoding.block_steps import denoise, s2d2_draft, s2d2_verify
 from packedss.decoding.driver import run_alone
 from packedss.decoding.rows import Rows
 from packedss.families import FAMILIES
@@ -83,6 +83,52 @@ def test_a_batched_denoising_step_gives_each_block_what_it_gets_alone(temperatur
         alone_logits, *rest = args(k, 50)
         want, want_resolved = denoise(alone_logits.tensor(), *rest)
         assert torch.equal(new, want) and resolved == want_resolved
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_batched_s2d2_steps_give_each_block_what_it_gets_alone(temperature):
+    """`s2d2_draft` and `s2d2_verify` of several blocks at once: both routes of the score (a
+    penalty of 0 and of 2), spans of different lengths, drafts accepted and rejected (each
+    rejected one resampled from its own generator, after its uniforms)."""
+    generator = torch.Generator().manual_seed(8)
+    blocks, block, vocabulary, mask = 10, 5, 30, 3
+    logits = (torch.randn(blocks * 2 * block, vocabulary, generator=generator) * 2).round()
+    tokens = [torch.where(torch.rand(block, generator=generator) < 0.7, mask, 9) for _ in range(blocks)]
+    for k in range(blocks):
+        tokens[k][k % block] = mask
+
+    def span_of(k):
+        first = int((tokens[k] == mask).to(torch.uint8).argmax())
+        end = first + int((tokens[k][first:] == mask).to(torch.long).cumprod(dim=0).sum())
+        return range(first, end)
+
+    def draft(k, seed):
+        sampling = Sampling(temperature, "rejection", torch.Generator().manual_seed(seed + k))
+        rows = Rows(logits, 2 * block * k, 2 * block * k + block)
+        return (rows, tokens[k], span_of(k), 1 + k % 2, 2.0 * (k % 2), 0.0, 0.85, mask, sampling)
+
+    read, finish = BATCHED[s2d2_draft]([draft(k, 60) for k in range(blocks)], torch.device("cpu"))
+    together = finish(read.tolist())
+    for k, got in enumerate(together):
+        rows, *rest = draft(k, 60)
+        want = s2d2_draft(rows.tensor(), *rest)
+        assert got.resolved == want.resolved and torch.equal(got.tokens, want.tokens)
+        assert torch.equal(got.proposal, want.proposal) and torch.equal(got.probs, want.probs)
+    assert {got.resolved is None for got in together} == {True, False}  # both routes taken
+
+    def verify_args(k, seed):
+        proposal, probs = together[k].proposal, together[k].probs
+        sampling = Sampling(temperature, "rejection", torch.Generator().manual_seed(seed + k))
+        return (Rows(logits, 2 * block * k, 2 * block * (k + 1)), tokens[k], span_of(k), proposal, probs, block, mask,
+                sampling)  # fmt: skip
+
+    read, finish = BATCHED[s2d2_verify]([verify_args(k, 90) for k in range(blocks)], torch.device("cpu"))
+    verified = finish(read.tolist())
+    for k, (new, resolved, accepted) in enumerate(verified):
+        rows, *rest = verify_args(k, 90)
+        want_tokens, want_resolved, want_accepted = s2d2_verify(rows.tensor(), *rest)
+        assert torch.equal(new, want_tokens) and (resolved, accepted) == (want_resolved, want_accepted)
+    assert any(accepted < len(span_of(k)) for k, (_, _, accepted) in enumerate(verified))  # some rejected
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
