@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from packedss.decoding import LTRSettings, Sampling, decode_ltr
+from packedss.decoding import driver
 from packedss.decoding import schedules as schedules_module
 from tests.chi_square import LEVEL, accept_every_draft, chi_square_p
 from tests.toy_ltr import ToyLTRModel
@@ -55,6 +56,7 @@ def test_sampled_schedules_preserve_the_ar_distribution(exact, schedule, rule):
 @pytest.mark.parametrize("schedule", ["linear", "packed"])
 def test_broken_verifier_fails_the_same_test(exact, schedule, monkeypatch):
     monkeypatch.setattr(schedules_module, "verify", accept_every_draft)
+    monkeypatch.setattr(driver, "verify", accept_every_draft)  # Packed-SS's, through verify_ahead
     assert chi_square_p(sample_many(schedule, "rejection"), exact) < LEVEL
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from packedss.decoding import LTRSettings, Sampling, decode_ltr
+from packedss.decoding import driver
 from packedss.decoding import schedules as schedules_module
 from packedss.decoding.calls import block_segment, causal_segment, draft_block, pack
 from packedss.decoding.trace import RecordingModel
@@ -113,6 +114,7 @@ def test_next_packed_draft_equals_a_separate_draft_call_on_the_same_prefix(tiny_
         return verify(verifier_logits, drafts, draft_probs, sampling)
 
     monkeypatch.setattr(schedules_module, "verify", recording_verify)
+    monkeypatch.setattr(driver, "verify", recording_verify)  # Packed-SS's, through verify_ahead
     accepted_counts = []
     for seed, prompt in enumerate(([5, 9, 11, 30], [12, 13, 14, 15, 16, 17, 18, 19, 20])):
         verified.clear()
