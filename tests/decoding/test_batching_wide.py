@@ -1,6 +1,6 @@
 """Concurrency C = 64, with few tokens per response: every request's output equals its C = 1
 output in float32, for every schedule of the three families, greedy and at T = 1 (the LTR and
-SDAR families' host steps are batched at both; the any-order family's run inline)."""
+SDAR families' host steps are batched at both, and the any-order family's)."""
 
 from __future__ import annotations
 
