@@ -17,6 +17,20 @@ from tests.decoding.test_batching import MANY, _check, _requests, tiny_set  # no
 from tests.decoding.test_batching_wide import PAIRS
 
 ORDERS = ["ltr", "confidence"]
+# The record fields a batched decode must give as alone (besides _check's): the costs and counts.
+COUNTED = ("prompt_tokens", "nfe_prefill", "iterations", "drafted", "accepted_drafts", "draft_proposed",
+           "draft_accepted", "truncated_tokens")  # fmt: skip
+
+
+def _check_records(model, requests, concurrency):
+    """`_check`, and every counted field and family field of each record (near-ties aside, whose
+    margins agree to float32's rounding: `_check`'s) equal to its decode alone."""
+    alone, together = _check(model, requests, concurrency)
+    for key, out in alone.items():
+        assert [getattr(together[key], name) for name in COUNTED] == [getattr(out, name) for name in COUNTED]
+        family = {name: value for name, value in out.extra.items() if name != "near_ties"}
+        assert {name: value for name, value in together[key].extra.items() if name != "near_ties"} == family
+    return alone, together
 
 
 def _parts(generator: torch.Generator, rows: int, vocabulary: int, sampled: bool) -> tuple:
@@ -108,7 +122,7 @@ def test_16_sampled_batched_anyorder_requests_equal_one_at_a_time(tiny_set, sche
         return AnyOrderSettings(schedule, 4, cap, (2,), Sampling(1.0, rule, torch.Generator().manual_seed(300 + key)),
                                 order=order)  # fmt: skip
 
-    _check(tiny_set, _requests(ANYORDER_DECODERS, settings, MANY), 16)
+    _check_records(tiny_set, _requests(ANYORDER_DECODERS, settings, MANY), 16)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
@@ -121,4 +135,4 @@ def test_64_batched_anyorder_requests_in_the_other_order_equal_one_at_a_time(tin
         return AnyOrderSettings(schedule, 4, cap, (2,), Sampling(temperature, "rejection", torch.Generator().manual_seed(key)),
                                 order=order)  # fmt: skip
 
-    _check(tiny_set, _requests(ANYORDER_DECODERS, settings, PAIRS), 64)
+    _check_records(tiny_set, _requests(ANYORDER_DECODERS, settings, PAIRS), 64)

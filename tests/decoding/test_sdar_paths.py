@@ -15,7 +15,8 @@ from packedss.decoding.rows import Rows
 from packedss.families import FAMILIES
 from packedss.models.sdar import load_sdar
 from packedss.models.static import end_warmup, enable_static, static_capacity
-from tests.decoding.test_batching import _check, _requests
+from tests.decoding.test_batched_anyorder import _check_records
+from tests.decoding.test_batching import _requests
 from tests.decoding.test_batching import _pairs as _ltr_pairs
 from tests.sdar_fixtures import SDAR_EOS, write_random_sdar
 
@@ -45,7 +46,7 @@ def _settings(schedule: str, temperature: float = 0.0):
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_batched_sdar_decoding_equals_one_at_a_time(checkpoint, schedule, concurrency):
     model = load_sdar(checkpoint, dtype="float32")
-    alone, _ = _check(model, _requests(SDAR.decoders, _settings(schedule), _pairs(concurrency)), concurrency)
+    alone, _ = _check_records(model, _requests(SDAR.decoders, _settings(schedule), _pairs(concurrency)), concurrency)
     assert len({len(out.tokens) for out in alone.values()}) > 2  # they do finish at different times
 
 
@@ -53,7 +54,7 @@ def test_batched_sdar_decoding_equals_one_at_a_time(checkpoint, schedule, concur
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_sampled_batched_sdar_decoding_draws_each_requests_own_samples(checkpoint, schedule, concurrency):
     model = load_sdar(checkpoint, dtype="float32")
-    alone, _ = _check(model, _requests(SDAR.decoders, _settings(schedule, 1.0), _pairs(concurrency)), concurrency)
+    alone, _ = _check_records(model, _requests(SDAR.decoders, _settings(schedule, 1.0), _pairs(concurrency)), concurrency)
     greedy = _requests(SDAR.decoders, _settings(schedule), _pairs(concurrency))
     assert any(run_alone(r.start(model)).tokens != alone[r.key].tokens for r in greedy)  # they did sample
 
