@@ -137,8 +137,7 @@ class _SetDecoder(Decoder):
         return self.settings.order == "confidence" and self.keys is None
 
     def host(self, logits, *parts) -> Steps:
-        """The round's host work on a call's logits (packedss.decoding.batched_anyorder): each
-        part's result, batched with the other requests' in a batch."""
+        """Each part's result on a call's logits (batched with other requests' in a batch)."""
         return (yield Host(set_round, logits, parts, self.settings.sampling))
 
     # ----------------------------------------------------------------- running calls
