@@ -105,15 +105,16 @@ def _denoised_blocks(args: Sequence[tuple], device: torch.device):
     return chosen.sum(dim=1), lambda values: list(zip(new, values))
 
 
-
-
+def _acceptance_estimates(probs: torch.Tensor) -> torch.Tensor:
+    """Each row's `soft_entropy_negexp` acceptance estimate exp(-H / log V)."""
+    entropy = -(probs * probs.clamp(min=1e-12).log()).sum(dim=-1) / math.log(probs.shape[-1])
+    return torch.exp(-entropy)
 
 
 def verify_score(probs: torch.Tensor, penalty: float) -> float:
     """S2D2's `difference_static` score with the `soft_entropy_negexp` estimator: the expected
     accepted length sum_k prod_{i<=k} exp(-H_i / log V) of the span, minus the penalty c."""
-    entropy = -(probs * probs.clamp(min=1e-12).log()).sum(dim=-1) / math.log(probs.shape[-1])
-    return float(torch.exp(-entropy).cumprod(dim=0).sum()) - penalty
+    return float(_acceptance_estimates(probs).cumprod(dim=0).sum()) - penalty
 
 
 class Drafted(NamedTuple):
@@ -149,8 +150,7 @@ def _s2d2_drafts(args: Sequence[tuple], device: torch.device):
         return None, lambda values: results
     requests, (*_, threshold, mask, _) = len(args), args[0]
     probs, proposal, tokens, chosen = _proposed_blocks(args, block, [a[3] for a in args], threshold, mask, device)
-    entropy = -(probs * probs.clamp(min=1e-12).log()).sum(dim=-1) / math.log(probs.shape[-1])
-    alpha = torch.exp(-entropy)
+    alpha = _acceptance_estimates(probs)
     scores = torch.stack([alpha[k * block + a[2].start : k * block + a[2].stop].cumprod(dim=0).sum()
                           for k, a in enumerate(args)])  # fmt: skip
     new = torch.where(chosen, proposal.view(requests, block), tokens).unbind(0)
@@ -180,11 +180,16 @@ def s2d2_verify(logits, tokens: torch.Tensor, span: range, proposal: torch.Tenso
     drafts = proposal[rows]
     q = distributions(logits[block + rows], sampling.temperature, mask_token_id)
     p = probs[rows]
-    picked = torch.arange(len(rows), device=logits.device)
-    ratio = (q[picked, drafts] / p[picked, drafts].clamp(min=1e-12)).clamp(max=1.0)
+    ratio = _acceptance_ratios(q, p, drafts)
     uniform = torch.rand(len(rows), generator=sampling.generator, device=logits.device, dtype=ratio.dtype)
     accepted = int((uniform < ratio).to(torch.long).cumprod(dim=0).sum())
     return (*_resampled(tokens, span, drafts, q, p, accepted, sampling.generator), accepted)
+
+
+def _acceptance_ratios(q: torch.Tensor, p: torch.Tensor, drafts: torch.Tensor) -> torch.Tensor:
+    """Each draft's acceptance probability min(1, q(d) / p(d)) (q the verifier's rows, p the drafter's)."""
+    picked = torch.arange(len(drafts), device=drafts.device)
+    return (q[picked, drafts] / p[picked, drafts].clamp(min=1e-12)).clamp(max=1.0)
 
 
 def _resampled(tokens, span: range, drafts, q, p, accepted: int, generator) -> tuple[torch.Tensor, int]:
@@ -211,8 +216,7 @@ def _s2d2_verifications(args: Sequence[tuple], device: torch.device):
                       sampling.temperature, mask)  # fmt: skip
     drafts = concatenated([a[3][s.start : s.stop] for a, s in zip(args, spans)], device)
     p = concatenated([a[4][s.start : s.stop] for a, s in zip(args, spans)], device)
-    picked = torch.arange(len(drafts), device=device)
-    ratio = (q[picked, drafts] / p[picked, drafts].clamp(min=1e-12)).clamp(max=1.0)
+    ratio = _acceptance_ratios(q, p, drafts)
     uniform = torch.cat([torch.rand(len(s), generator=a[-1].generator, device=device, dtype=ratio.dtype)
                          for a, s in zip(args, spans)])  # fmt: skip
 
