@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import torch
 
-from packedss.decoding.batched_ops import BATCHED, Finish, _Greedy, _margins
+from packedss.decoding.batched_ops import BATCHED, Finish, _Greedy, _margins, _sampled
 from packedss.decoding.rows import Rows, concatenated, materialized, ranges
 from packedss.decoding.verify import (
     DecidedMargins,
@@ -37,7 +37,6 @@ from packedss.decoding.verify import (
     inverse_cdf,
     probabilities,
     propose,
-    uniforms,
     verify,
 )
 
@@ -221,25 +220,24 @@ def _sampled_rounds(args: Sequence[tuple], device: torch.device) -> tuple[torch.
     each request's uniforms from its own generator, part after part, as many as alone."""
     wave = _wave(args, device)
     rows = wave.source.index_select(0, wave.index)
-    sampling = args[0][-1]
-    verifying = [(k, begin, end, part) for k, _, begin, end, part in wave.owners if type(part) is Verify]
-    steps = [(Rows(rows, begin, end), part.drafts, part.probs, args[k][-1]) for k, begin, end, part in verifying]
+    verifying = [(k, index, begin, end, part) for k, index, begin, end, part in wave.owners if type(part) is Verify]
+    steps = [(Rows(rows, begin, end), part.drafts, part.probs, args[k][-1]) for k, _, begin, end, part in verifying]
     verified, finish_verified = BATCHED[verify](steps, device) if steps else (None, None)
     proposing = [(k, index, begin, end, part) for k, index, begin, end, part in wave.owners if type(part) is Propose]
     reads = [] if verified is None else [verified]
     if proposing:
-        at = ranges([b for _, _, b, _, _ in proposing], [e - b for _, _, b, e, _ in proposing], device)
-        probs = probabilities(rows.index_select(0, at), sampling.temperature)
-        drawn = [uniforms(end - begin, args[k][-1].generator, device) for k, _, begin, end, _ in proposing]
-        tokens = inverse_cdf(probs, torch.cat(drawn))
+        probs, uniform = _sampled([Rows(rows, begin, end) for _, _, begin, end, _ in proposing],
+                                  [args[k] for k, *_ in proposing], [end - begin for _, _, begin, end, _ in proposing],
+                                  device)  # fmt: skip
+        tokens = inverse_cdf(probs, uniform)
         chosen = probs.gather(1, tokens[:, None])[:, 0]
         reads += [tokens, float_bits(chosen)]
     before = 0 if verified is None else verified.shape[0]
 
     def finish(values: list[int]) -> list:
         out = [[None] * len(a[1]) for a in args]
-        for (k, *_), emitted in zip(verifying, finish_verified(values[:before]) if steps else []):
-            out[k][0] = emitted
+        for (k, index, *_), emitted in zip(verifying, finish_verified(values[:before]) if steps else []):
+            out[k][index] = emitted
         values, place = values[before:], 0
         count = len(values) // 2
         for k, index, begin, end, part in proposing:
