@@ -149,12 +149,7 @@ class _Engine:
         return slot
 
     def advance(self, slot: _Slot, result) -> None:
-        """Send `result` to the slot's coroutine; keep its next step, or its Decoded when it ended."""
-        self.working[slot.index] = slot
-        try:
-            slot.op = slot.send(result)
-        except StopIteration as stop:
-            slot.op, slot.decoded = None, stop.value
+        self.advance_all([slot], [result])
 
     def settle(self) -> None:
         """Share the host time since `mark` equally among the slots that worked in it."""
@@ -196,7 +191,7 @@ class _Engine:
             start += size
 
     def advance_all(self, slots: list[_Slot], results: Iterable) -> None:
-        """`advance` of each slot with its result."""
+        """Send each slot its result; keep its next step, or its Decoded when it ended."""
         working = self.working
         for slot, result in zip(slots, results):
             working[slot.index] = slot
