@@ -1,6 +1,6 @@
 """The host steps of every request of a round at once: a request's Host step
-(packedss.decoding.driver.Host) of `first_token`, `propose`, `verify` or `proposals_ahead` runs
-here together with the same step of every other request, as tensor operations over all of their
+(packedss.decoding.driver.Host) of `first_token`, `propose`, `verify`, `proposals_ahead`,
+`verify_ahead` or `verify_lookup` runs here together with the same step of every other request, as tensor operations over all of their
 rows, not one request after another. Each batched form gives exactly what the function gives
 one request, as Rows of the batch's results: at T = 0 argmax and top-2 are row by row; at T > 0
 each request draws its uniforms from its own generator, as many and in the order the function
@@ -11,7 +11,8 @@ A batched step is `launch(args of each request, device) -> (read, finish)`: `rea
 to read back (None: nothing), and `finish(values)` turns the values read into each request's
 result. The engine reads back every step of a wave in one transfer, so a round synchronizes once.
 Requests whose steps sample at different temperatures or by different rules are different groups
-(`group_key`).
+(the engine's `host_wave`). The any-order family's `set_round` (packedss.decoding.batched_anyorder)
+and the SDAR steps (packedss.decoding.block_steps) add their batched forms to BATCHED.
 """
 
 from __future__ import annotations

@@ -78,7 +78,8 @@ def sample_tokens(probs: torch.Tensor, generator: torch.Generator | None) -> tor
 def exponential_race(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
     """One sample per row as argmax_i p_i / E_i, E_i ~ Exp(1) from `generator`: one draw per
     vocabulary entry. The SDAR block-diffusion schedules' sampler (packedss.decoding.blockdiff),
-    which run request by request, so their records keep the stream they were made with."""
+    kept so their records keep the stream they were made with (in a batch each request's race is
+    drawn from its own generator: packedss.decoding.block_steps)."""
     race = torch.empty_like(probs).exponential_(generator=generator)
     # An Exp(1) draw of exactly 0 (probability below 1e-38) would make 0/0 for a zero probability.
     race.clamp_(min=torch.finfo(race.dtype).tiny)
