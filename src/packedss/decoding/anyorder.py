@@ -23,7 +23,7 @@ import torch
 from packedss.decoding.batched_anyorder import Propose, Proposed, Verify, runs_of, set_round
 from packedss.decoding.calls import Call, CallModel, Layout, Role, Segment, layout_of, pack
 from packedss.decoding.driver import AnyOrderSettings, Decoder, Host, Steps, drive, schedule_named
-from packedss.decoding.rows import Rows
+from packedss.decoding.rows import Rows, uploaded
 from packedss.decoding.trace import Decoded, StopCheck
 
 
@@ -94,7 +94,6 @@ class _SetDecoder(Decoder):
     ):
         super().__init__(model, prompt, settings, stop_check)
         self.device = model.device
-        self.pinned = torch.device(self.device).type == "cuda"
         self.mask = int(model.mask_token_id)
         self.length = len(self.prompt)
         self.tokens: dict[int, int] = {}  # resolved generation position -> token
@@ -145,13 +144,9 @@ class _SetDecoder(Decoder):
         """Build and run one call; `prefix` and `clean` are lists of (position, token), `prefix`
         is written to the cache; logits of rows `read_from`.. come back."""
         rows, written, count = prefix + clean, len(prefix), len(prefix) + len(clean) + len(masks)
-        # One host-to-device copy of the tokens (the masks' included) and positions (non-blocking,
-        # from pinned memory on CUDA); the call's parts, and the drafts `verify_ranks` verifies,
-        # are views.
-        ids = torch.tensor([t for _, t in rows] + [self.mask] * len(masks) + [i for i, _ in rows] + masks, dtype=torch.long)
-        if self.pinned:
-            ids = ids.pin_memory()
-        ids = ids.to(self.device, non_blocking=True)
+        # One host-to-device copy of the tokens (the masks' included) and positions (`uploaded`);
+        # the call's parts, and the drafts `verify_ranks` verifies, are views.
+        ids = uploaded([t for _, t in rows] + [self.mask] * len(masks) + [i for i, _ in rows] + masks, self.device)
         self.clean_tokens = ids[written : len(rows)]
         layout = _set_call_layout(written, tuple(clean_real), tuple(levels), tuple(mask_real), self.device)
         call = Call(ids[:count], ids[count:], layout.roles, layout.attend, useful=layout.useful, drafts=layout.drafts,
