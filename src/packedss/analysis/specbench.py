@@ -37,6 +37,7 @@ GROUPS = (
     ("Retrieval-aug. Generation", ("rag",)),
 )
 OVERALL = "Overall"
+SPEEDUP_COLUMNS = (*(name for name, _ in GROUPS), OVERALL)  # the table's speedup columns, the figure's bars
 ACCEPTED = "Mean accepted tokens"
 TITLE = "Table specbench: Spec-Bench's leaderboard, speedup over AR of the same model per category group."
 
@@ -110,7 +111,7 @@ def _leaderboard_rows(comparisons: Comparisons) -> tuple[list[dict], list[str], 
         row |= {"Method": schedule_label(values["schedule"]), "W": str(int(values["width"])) if values["width"] else "-"}
         row[ACCEPTED] = mean_accepted(g)  # one sample per question: its per-question rows are its responses
         if values["schedule"] == "ar":
-            row |= {name: CI(1.0, np.nan, np.nan, 0, "none") for name, _ in GROUPS} | {OVERALL: CI(1.0, np.nan, np.nan, 0, "none")}
+            row |= dict.fromkeys(SPEEDUP_COLUMNS, CI(1.0, np.nan, np.nan, 0, "none"))
         else:
             pairing = _ar_pairing(comparisons, sub, first)
             if pairing is None:
@@ -125,8 +126,7 @@ def specbench_table(pq: pd.DataFrame, comparisons: Comparisons, compare_paper: b
     """Spec-Bench's leaderboard: per run, the speedup over AR per group and Overall with 95% CIs,
     and the mean accepted tokens per verification step."""
     rows, keys, unpaired = leaderboard_rows(comparisons)
-    cols = [Col(name, kind="ci", digits=2) for name, _ in GROUPS] + [Col(OVERALL, kind="ci", digits=2),
-                                                                              Col(ACCEPTED, digits=2)]  # fmt: skip
+    cols = [Col(name, kind="ci", digits=2) for name in SPEEDUP_COLUMNS] + [Col(ACCEPTED, digits=2)]
     notes = [
         "Speedup over AR of the same model, temperature and config: (Σtok/Σwall) / (Σtok/Σwall)_AR, a ratio of pooled "
         "totals (the paper's averaging) over the responses both runs made, by question and turn (for a lossless schedule Σwall_AR / Σwall, Spec-Bench's speedup); "
@@ -149,7 +149,7 @@ def speedup_data(comparisons: Comparisons) -> pd.DataFrame:
     for row in rows:
         if row["Method"] == "AR":
             continue
-        for name in [g for g, _ in GROUPS] + [OVERALL]:
+        for name in SPEEDUP_COLUMNS:
             ci = row.get(name)
             if ci is not None:
                 out.append({"run": f"{row['Model']} {row['Method']}" + (f" W={row['W']}" if row["W"] != "-" else ""),
@@ -167,7 +167,7 @@ def speedup_figure(comparisons: Comparisons):
         ax.axis("off")
         ax.text(0.5, 0.5, "No Spec-Bench run with an AR run of its setting in this results folder.", ha="center")
         return fig, data, ["no Spec-Bench runs paired with AR"]
-    names = [g for g, _ in GROUPS] + [OVERALL]
+    names = list(SPEEDUP_COLUMNS)
     runs = list(dict.fromkeys(data["run"]))
     x, width = np.arange(len(names)), 0.8 / len(runs)
     schedule_of = {schedule_label(s): s for s in comparisons.pq["schedule"].unique()}
