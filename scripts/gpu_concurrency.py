@@ -147,13 +147,14 @@ def main(argv=None) -> int:
                 print(f"the sweep failed (status {done.returncode}); its jobs' errors are above", file=sys.stderr)
                 return 1
     from packedss.analysis.__main__ import main as analysis_main
+    from packedss.analysis.audit import CLASSES
 
     with contextlib.redirect_stdout(sys.stderr):
         status = analysis_main([str(records), "--tables", "concurrency", "--figures", "C1", "--out", str(analysis)])
     if status:
         return 1
     runs = _rows(analysis / "tables" / "runs.csv")
-    report["audit"] = {kind: sum(int(float(row[kind])) for row in runs if row[kind]) for kind in ("Equal", "Numerical", "Unexplained")}
+    report["audit"] = {kind: sum(int(float(row[kind])) for row in runs if row[kind]) for kind in map(str.capitalize, CLASSES)}
     report["table"] = _rows(analysis / "tables" / "concurrency.csv")
     report["crossover"] = _rows(analysis / "tables" / "crossover.csv")
     report["measured_in"] = measured_in(report["table"])

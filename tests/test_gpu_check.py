@@ -422,7 +422,7 @@ def test_the_concurrency_steps_regime_line_names_what_its_tables_were_measured_i
                                   ("crossover", "Method,Crossover C,CI above 1", "Packed-SS,8,no")):  # fmt: skip
             (tables / f"{name}.csv").write_text(f'{header},measured_in\n{row},"{CONCURRENCY_MEASURED_IN}"\n')
             (tables / f"{name}.md").write_text(f"| the {name} table |\n")
-        (tables / "runs.csv").write_text("Equal,Numerical,Unexplained\n2,0,0\n")
+        (tables / "runs.csv").write_text("Equal,Numerical,Context,Unexplained\n2,0,1,0\n")
         return 0
 
     monkeypatch.setitem(gpu_concurrency["main"].__globals__, "subprocess",
@@ -436,6 +436,7 @@ def test_the_concurrency_steps_regime_line_names_what_its_tables_were_measured_i
     assert printed[2:4] == ["| the concurrency table |", ""]  # the tables under it
     report = json.loads(out.read_text())
     assert report["measured_in"] == CONCURRENCY_MEASURED_IN and report["done"]
+    assert report["audit"] == {"Equal": 2, "Numerical": 0, "Context": 1, "Unexplained": 0}  # every class of the audit
 
 
 def plan_of(env: dict) -> subprocess.CompletedProcess:
