@@ -175,8 +175,7 @@ def speedup_figure(comparisons: Comparisons):
     for k, run in enumerate(runs):
         rows = data[data["run"] == run].set_index("group").reindex(names)
         est = rows["estimate"].to_numpy(float)
-        low = np.where(np.isnan(rows["low"].to_numpy(float)), est, rows["low"].to_numpy(float))
-        high = np.where(np.isnan(rows["high"].to_numpy(float)), est, rows["high"].to_numpy(float))
+        low, high = (rows[bound].astype(float).fillna(rows["estimate"]).to_numpy(float) for bound in ("low", "high"))
         positions = x - 0.4 + width * (k + 0.5)
         shade = colour_of[rows["method"].dropna().iloc[0]]
         ax.bar(positions, est - 1.0, width * 0.9, bottom=1.0, color=shade, label=run)
