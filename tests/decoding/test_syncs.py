@@ -77,6 +77,15 @@ def test_the_proposal_lora_and_the_prefill_count_their_rows_on_the_host(monkeypa
     assert out.extra["lora_rows_selected"] == [0] + [5, 0] * out.iterations  # each draft call's block of B rows
 
 
+def _counted(original, built):
+    def counted(*args, **kwargs):
+        if "packedss/decoding" in sys._getframe(1).f_code.co_filename:  # not the backbone's cache
+            built.append(args)
+        return original(*args, **kwargs)
+
+    return counted
+
+
 def test_any_order_ids_go_to_the_device_once_per_call(monkeypatch):
     model = load_setdlm(PROJECT_ROOT / "assets" / "models" / "tiny-set", dtype="float32")
     greedy = Sampling(0.0, "rejection", None)
@@ -84,14 +93,8 @@ def test_any_order_ids_go_to_the_device_once_per_call(monkeypatch):
         settings = AnyOrderSettings(schedule, 4, 24, (), greedy, order="ltr")
         decode_anyorder(model, PROMPT, settings)  # the shapes' layouts are built once
         built = []
-        original = torch.tensor
-
-        def counted(*args, **kwargs):
-            if "packedss/decoding" in sys._getframe(1).f_code.co_filename:  # not the backbone's cache
-                built.append(args)
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(torch, "tensor", counted)
+        for name in ("tensor", "frombuffer"):  # a list's tensor, or an array's (rows.uploaded)
+            monkeypatch.setattr(torch, name, _counted(getattr(torch, name), built))
         out = decode_anyorder(model, PROMPT, settings)
         monkeypatch.undo()
         assert len(built) == out.nfe_total, (schedule, built)
