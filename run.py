@@ -19,7 +19,7 @@ import sys
 import traceback
 from pathlib import Path
 
-from packedss.errors import INTERRUPTED, PackedSSError, Stopped, exit_status, raise_stopped, report, run_cli, user_message
+from packedss.errors import INTERRUPTED, PackedSSError, exit_status, raise_stopped, report, run_cli, stop_received, user_message
 
 if __name__ == "__main__":
     signal.signal(signal.SIGTERM, raise_stopped)  # stops like Ctrl-C, also while the libraries load
@@ -36,9 +36,12 @@ try:
 except KeyboardInterrupt:  # Ctrl-C while torch and transformers load
     report(INTERRUPTED)
     sys.exit(130)
-except Stopped as err:
-    report(str(err))
-    sys.exit(err.exit_status)
+except Exception as err:  # Stopped, or what a library's import made of it
+    stopped = stop_received()
+    if stopped is None:
+        raise
+    report(str(stopped))
+    sys.exit(stopped.exit_status)
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
@@ -50,17 +53,18 @@ def main(cfg: DictConfig) -> None:
             from packedss.runner import run_job  # torch's compiler and transformers: seconds
 
             result = run_job(cfg)
-    except PackedSSError as err:
+    except Exception as err:
+        err = stop_received() or err
+        if not isinstance(err, PackedSSError):
+            if HydraConfig.get().mode == RunMode.MULTIRUN:
+                traceback.print_exc()  # the job's log keeps where it failed; the summary keeps the message
+            raise
         report(user_message(err), err)
         if HydraConfig.get().mode == RunMode.MULTIRUN and exit_status(err) == 2:
             raise  # Hydra records the job as failed and the sweep goes on; the sweeper lists it at the end
         if exit_status(err) == 2:
             remove_hydra_files()
         sys.exit(exit_status(err))  # a signal stops the whole sweep too
-    except Exception:
-        if HydraConfig.get().mode == RunMode.MULTIRUN:
-            traceback.print_exc()  # the job's log keeps where it failed; the summary keeps the message
-        raise
     print(f"{result.path}: {result.written} records written, {result.skipped} already recorded")
 
 

@@ -429,3 +429,58 @@ def test_the_documented_schedule_error_is_what_run_py_prints(tmp_path):
     assert re.fullmatch(".*".join(map(re.escape, documented.split("..."))), line), (documented, line)
     names = sorted(path.stem for path in (PROJECT_ROOT / "conf" / "schedule").glob("*.yaml"))
     assert line.endswith("valid choices for schedule: " + ", ".join(names)), line
+
+
+STOP_MADE_AN_IMPORT_ERROR = """
+import importlib.abc, os, runpy, signal, sys, time
+
+
+SIGNALLED = sys.argv[1]
+
+
+class SignalledImport(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == SIGNALLED:
+            sys.meta_path.remove(self)
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(30)
+            except Exception:  # what numpy's import makes of an exception raised inside it
+                raise ImportError("cannot load module more than once per process") from None
+
+
+sys.meta_path.insert(0, SignalledImport())
+sys.argv = sys.argv[2:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("module", ["omegaconf", "torch"])  # before Hydra starts; in the job, before run_job
+def test_a_stop_that_a_library_turns_into_another_error_while_it_loads_is_still_the_stop(module, tmp_path):
+    """A SIGTERM that lands inside a library's import can come up as another exception: numpy's
+    import, interrupted, raises ImportError. The job still ends as a stopped job, in one line."""
+    out = tmp_path / "out"
+    command = run_py_command([f"out_dir={out}"], tmp_path)
+    result = subprocess.run([command[0], "-c", STOP_MADE_AN_IMPORT_ERROR, module, *command[1:]], capture_output=True,
+                            text=True, timeout=300, env=offline_env(tmp_path), cwd=tmp_path)  # fmt: skip
+    assert (result.returncode, result.stderr) == (143, "error: stopped by SIGTERM; rerun the same command to resume\n")
+    assert not out.exists()
+
+
+def test_an_entry_points_stop_that_became_another_error_is_the_stop_once(capsys):
+    """run_reporting (every entry point but run.py) reports a noted stop whatever exception it
+    became, and a stop an earlier main caught itself does not turn a later bad input into it."""
+    from packedss.errors import PackedSSError, note_stop, run_reporting
+
+    def stopped_while_loading():
+        note_stop(signal.SIGTERM)
+        raise ImportError("cannot load module more than once per process")
+
+    def bad_input():
+        raise PackedSSError("width must be at least 1; give width=1 or more")
+
+    assert run_reporting(stopped_while_loading) == 143
+    assert capsys.readouterr().err == "error: stopped by SIGTERM; rerun the same command to resume\n"
+    note_stop(signal.SIGTERM)  # a guard's stop that its own main caught (the preemption tests do)
+    assert run_reporting(bad_input) == 2
+    assert capsys.readouterr().err == "error: width must be at least 1; give width=1 or more\n"

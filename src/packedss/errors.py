@@ -47,7 +47,28 @@ class InvalidJobs(PackedSSError):
     on lines of their own (the one message of more than one line)."""
 
 
+_SIGNALS_STOPPED_BY: list[int] = []
+
+
+def note_stop(signum: int) -> None:
+    """Remember that a signal stopped the job: a library that catches the exception its handler
+    raises while it loads (numpy's import turns it into an ImportError) must not turn the stop
+    into a traceback. `stop_received` finds it again."""
+    _SIGNALS_STOPPED_BY.append(signum)
+
+
+def stop_received() -> Optional[Stopped]:
+    """The stop a signal asked for, whatever exception it became on its way up; None without one.
+    It is told once: the stop is forgotten."""
+    if not _SIGNALS_STOPPED_BY:
+        return None
+    signum = _SIGNALS_STOPPED_BY[0]
+    _SIGNALS_STOPPED_BY.clear()
+    return Stopped(signum)
+
+
 def raise_stopped(signum, frame) -> NoReturn:
+    note_stop(signum)
     raise Stopped(signum)
 
 
@@ -130,6 +151,7 @@ def exit_status(err: BaseException) -> int:
 
 def run_reporting(main: Callable[[], Optional[int]]) -> int:
     """main's exit status; a bad-input error or Ctrl-C is reported in one line and gives its status."""
+    _SIGNALS_STOPPED_BY.clear()  # a stop an earlier main of this process caught itself is not this one's
     try:
         return main() or 0
     except KeyboardInterrupt as err:
@@ -141,6 +163,7 @@ def run_reporting(main: Callable[[], Optional[int]]) -> int:
         report(one_line(err.code))  # a library's `raise SystemExit(message)`
         return 2
     except Exception as err:
+        err = stop_received() or err
         message = user_message(err)
         if message is None:
             raise

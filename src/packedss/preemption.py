@@ -15,7 +15,7 @@ import os
 import signal
 import threading
 
-from packedss.errors import Stopped, raise_stopped
+from packedss.errors import Stopped, note_stop, raise_stopped
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT)
 
@@ -65,6 +65,7 @@ class SignalGuard:
         # Python's and the entry points' own handlers only raise: Preempted says the same
         if callable(previous) and previous not in (signal.default_int_handler, raise_stopped):
             previous(signum, frame)  # e.g. submitit: checkpoint, requeue, exit
+        note_stop(signum)
         raise Preempted(signum)
 
     @contextlib.contextmanager
