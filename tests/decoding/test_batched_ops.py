@@ -74,3 +74,15 @@ def test_the_threshold_is_ulps_at_the_top_logits_magnitude(dtype):
     tops = torch.tensor([[inf, 3.0], [inf, inf], [-inf, -inf], [nan, 3.0], [nan, nan]])  # a row's top two
     margins = tops[:, 0] - tops[:, 1]
     assert not (margins <= verify.near_tie_threshold(tops[:, 0], dtype)).any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_probabilities_divide_by_the_temperature(dtype):
+    """softmax(logits / T) at every T, in at least float32; at T = 1 the division is skipped, and
+    that gives the bits the division gives."""
+    logits = torch.randn(7, 300, generator=torch.Generator().manual_seed(3)).to(dtype)
+    for temperature in (0.25, 0.7, 1.0, 1.5, 4.0):
+        expected = torch.softmax(logits.float() / temperature, dim=-1)
+        assert torch.equal(verify.probabilities(logits, temperature), expected), temperature
+    sharper, flatter = verify.probabilities(logits, 0.5), verify.probabilities(logits, 2.0)
+    assert bool((sharper.amax(dim=-1) > flatter.amax(dim=-1)).all())

@@ -270,16 +270,19 @@ def _rejected(args: Sequence[tuple], device: torch.device) -> tuple[torch.Tensor
     tested = ranges(starts, counts, device)
     tokens = concatenated(drafts, device)
     q = concatenated(draft_probs, device) if verifying else p.new_zeros((0, p.shape[1]))
-    p_draft = p.index_select(0, tested).gather(1, tokens[:, None])[:, 0]
+    vocabulary = p.shape[1]
+    p_draft = p.view(-1).index_select(0, tested * vocabulary + tokens)  # one entry of each tested row
     q_draft = q.gather(1, tokens[:, None])[:, 0]
     h = _prefixes(uniform.index_select(0, tested) * q_draft < p_draft, counts, device)
     # Row h of each request's [q; 0]: its residual on a rejection, p_m itself for the bonus.
     firsts = _offsets(counts)  # where each request's drafts start among all of them
     host = uploaded([*starts, *firsts, *counts], device).view(3, -1)
     p_h = p.index_select(0, host[0] + h)
-    q_ext = torch.cat([q, p.new_zeros((1, p.shape[1]))])
-    q_h = q_ext.index_select(0, torch.where(h < host[2], host[1] + h, verifying))
-    residual = (p_h - q_h).clamp_(min=0)
+    # Row h of each request's [q; 0], without copying q: a bonus (h = its count) reads a row of q
+    # and multiplies it by 0 (q is finite and >= 0, so the product is +0, as the zero row would be).
+    rejected = h < host[2]
+    q_h = q.index_select(0, torch.where(rejected, host[1] + h, 0)) if verifying else p.new_zeros(p_h.shape)
+    residual = (p_h - q_h * rejected[:, None]).clamp_(min=0)
     mass = residual.sum(dim=-1, keepdim=True)
     residual = torch.where(mass > 0, residual / mass.clamp(min=torch.finfo(p.dtype).tiny), p_h)
     last = inverse_cdf(residual, uniform.index_select(0, host[0] + host[2]))

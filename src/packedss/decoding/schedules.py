@@ -151,7 +151,11 @@ def quadratic_call(last: torch.Tensor, drafts: torch.Tensor, position: int, mask
 
 def _packed_plan(last, drafts, position: int, width: int, mask_token_id: int, pad_verify: bool,
                  device: torch.device) -> Planned:  # fmt: skip
-    shape = _packed_shape(len(drafts), width, mask_token_id, pad_verify, device)
+    return _packed_of(_packed_shape(len(drafts), width, mask_token_id, pad_verify, device), last, drafts, position)
+
+
+def _packed_of(shape: _Shape, last, drafts, position: int) -> Planned:
+    """The packed call of `shape` (the `_packed_shape` of len(drafts) drafts) at n = `position`."""
     padding, block = shape.masks
     return shape.call([last, drafts, padding, last, block], position)
 
@@ -327,12 +331,18 @@ class _Packed(_LTRDecoder):
         self.drafts = yield Host(proposals_ahead, logits[2:], range(length, length + width), first, sampling)
         return done
 
+    @functools.cached_property
+    def shapes(self) -> list[_Shape]:
+        """The call shape of each draft count m = 0..W, indexed by m (an iteration's lookup is then
+        an index, not the shape cache's six-part key)."""
+        s, model = self.settings, self.model
+        return [_packed_shape(m, s.width, model.mask_token_id, s.pad_verify, model.device) for m in range(s.width + 1)]
+
     def step(self) -> Steps:
         s, n = self.settings, self.position
         drafts = self.drafts
         m = len(drafts.tokens)
-        logits = yield _packed_plan(self.last, drafts.tokens, n, s.width, self.model.mask_token_id, s.pad_verify,
-                                    self.model.device)  # fmt: skip
+        logits = yield _packed_of(self.shapes[m], self.last, drafts.tokens, n)
         # The draft block's masks sit at n+1..n+W; the emitted tokens take n+1..n+A.
         emitted, self.drafts = yield Host(verify_ahead, logits[: m + 1], drafts.tokens, drafts.probs,
                                           logits[-s.width :], n + 1, s.sampling)  # fmt: skip

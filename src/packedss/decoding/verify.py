@@ -47,10 +47,11 @@ class Sampling:
 
 
 def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """softmax(logits / T), computed in at least float32."""
+    """softmax(logits / T), computed in at least float32 (at T = 1 without the division, which
+    would only copy the logits: x / 1 is x exactly)."""
     if logits.dtype in (torch.float16, torch.bfloat16):
         logits = logits.float()
-    return torch.softmax(logits / temperature, dim=-1)
+    return torch.softmax(logits if temperature == 1.0 else logits / temperature, dim=-1)
 
 
 SAMPLER = "inverse-cdf"  # how a sampled token is drawn (module docstring)
