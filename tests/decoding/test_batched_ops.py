@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from packedss.decoding import LTRSettings, Sampling
-from packedss.decoding import verify
+from packedss.decoding import batched_ops, verify
 from packedss.decoding.batched_ops import _Greedy
-from packedss.decoding.driver import Response, schedule_named
+from packedss.decoding.driver import Response, schedule_named, verify_ahead
 from packedss.decoding.engine import Request, decode_batched
+from packedss.decoding.rows import Rows
 from packedss.decoding.schedules import LTR_DECODERS
 from packedss.models.batched import BatchedCalls
 from packedss.models.nemotron import load_nemotron
@@ -86,3 +87,38 @@ def test_probabilities_divide_by_the_temperature(dtype):
         assert torch.equal(verify.probabilities(logits, temperature), expected), temperature
     sharper, flatter = verify.probabilities(logits, 0.5), verify.probabilities(logits, 2.0)
     assert bool((sharper.amax(dim=-1) > flatter.amax(dim=-1)).all())
+
+
+def test_packed_ss_takes_a_greedy_rounds_argmax_once(monkeypatch):
+    """A Packed-SS round's verifications and next drafts read one pass over the round's logits
+    (its verifier rows alone are under a quarter of the rows), and each request gets what
+    `verify_ahead` gives it alone."""
+    requests, width, vocabulary = 6, 8, 1024
+    block = 2 * (width + 1)
+    generator = torch.Generator().manual_seed(11)
+    logits = torch.randn(requests * block, vocabulary, generator=generator)
+    drafts = torch.randint(0, vocabulary, (requests * width,), generator=generator)
+    greedy = Sampling(0.0, "rejection", None)
+    args = []
+    for k in range(requests):
+        m, base = 1 + k % 3, k * block
+        args.append((Rows(logits, base, base + m + 1), Rows(drafts, k * width, k * width + m), None,
+                     Rows(logits, base + width + 1, base + block), 40 + k, greedy))  # fmt: skip
+    passes = []
+
+    class Counted(batched_ops._Greedy):
+        def __init__(self, rows):
+            passes.append(rows.shape[0])
+            super().__init__(rows)
+
+    monkeypatch.setattr(batched_ops, "_Greedy", Counted)
+    batched_ops.end_round()
+    read, finish = batched_ops.BATCHED[verify_ahead](args, torch.device("cpu"))
+    results = finish(read.tolist())
+    batched_ops.end_round()
+    assert passes == [requests * block]
+    for (rows, tokens, _, draft_rows, first, sampling), (emitted, proposals) in zip(args, results):
+        alone, ahead = verify_ahead(rows.tensor(), tokens.tensor(), None, draft_rows.tensor(), first, sampling)
+        assert list(emitted) == list(alone)
+        assert proposals.positions == ahead.positions
+        assert torch.equal(proposals.tokens.tensor(), ahead.tokens)

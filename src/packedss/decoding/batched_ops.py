@@ -338,18 +338,22 @@ def _proposals_ahead(args: Sequence[tuple], device: torch.device) -> tuple[None,
 
 def _verified_ahead(args: Sequence[tuple], device: torch.device) -> tuple[torch.Tensor, Finish]:
     """`verify_ahead` of every request: its verification, then its draft rows' proposals, each a
-    batched step of its own (so a request's uniforms are drawn in the plain function's order)."""
+    batched step of its own (so a request's uniforms are drawn in the plain function's order).
+    Greedy, the round's argmax is taken whole or not by the rows of both steps (a request's
+    verifier rows alone are a fifth of its call), so it is taken once."""
+    if args[0][-1].greedy:
+        _round_greedy([a[0] for a in args] + [a[3] for a in args])
     read, verified = _verifications([(a[0], a[1], a[2], a[-1]) for a in args], device)
     widths = [len(a[3]) for a in args]
     tokens, probs, starts = _drafted([(a[3], a[-1]) for a in args], device)
 
     def finish(values: list[int]) -> list:
         out = []
-        for emitted, (*_, first, _), start, width in zip(verified(values), args, starts, widths):
-            taken = min(len(emitted), width)  # the emitted tokens took the draft's first positions
-            rows = slice(start + taken, start + width)
-            proposals = Proposals(list(range(first + taken, first + width)), Rows(tokens, rows.start, rows.stop),
-                                  None if probs is None else Rows(probs, rows.start, rows.stop))  # fmt: skip
+        for emitted, a, start, width in zip(verified(values), args, starts, widths):
+            first, taken = a[4], min(len(emitted), width)  # the emitted tokens took the draft's first positions
+            begin, end = start + taken, start + width
+            proposals = Proposals(list(range(first + taken, first + width)), Rows(tokens, begin, end),
+                                  None if probs is None else Rows(probs, begin, end))  # fmt: skip
             out.append((emitted, proposals))
         return out
 
