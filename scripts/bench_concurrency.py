@@ -21,9 +21,18 @@ next largest), and ends `host ms per round C=<largest>/C=1: X`: the host work of
 largest C against C = 1 (1 would be host work that does not grow with C at all; C would be host
 work that grows as C).
 
+`--replay` adds a line per schedule: the same decodes replayed on the logits each level's decode
+recorded, against a model that returns them at no cost (packedss.benchmark.replay: `Replay` at
+C = 1, `BatchReplay` above), so no forward pass runs between the host steps; each level's least
+turn of wall time over its rounds. That is the host work alone, on caches no forward pass evicted
+(on a CPU the forward pass shares the caches with the host; on a GPU it does not), and it moves
+far less with the machine's load than the figures above. A replayed decode that does not make the
+recorded decode's calls, or emits other tokens, is an error.
+
     python scripts/bench_concurrency.py --schedules linear,packed --concurrency 1,16,64
     python scripts/bench_concurrency.py --schedules linear,packed --concurrency 1,16,64 --temperature 1
     python scripts/bench_concurrency.py --model tiny-set --schedules linear,packed --order ltr
+    python scripts/bench_concurrency.py --schedules linear,packed --concurrency 1,16,64 --replay
 """
 
 from __future__ import annotations
@@ -36,7 +45,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
+from packedss.benchmark.replay import BatchReplay, Replay, recording  # noqa: E402
 from packedss.benchmark.schedules import BenchSettings, load  # noqa: E402
+from packedss.decoding.trace import RecordingModel  # noqa: E402
 from packedss.decoding import VERIFY_RULES, Sampling, question_seed  # noqa: E402
 from packedss.decoding.engine import Request, decode_batched  # noqa: E402
 from packedss.errors import ArgumentParser, closest, number, numbers, run_cli  # noqa: E402
@@ -94,6 +105,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rule", default="rejection", choices=VERIFY_RULES, help="the verification rule at T > 0")
     ap.add_argument("--threads", type=number(int, 1), default=1, help="CPU intra-op threads")
     ap.add_argument("--repeats", type=number(int, 1), default=5, help="turns of every level; each keeps its least")
+    ap.add_argument("--replay", action="store_true",
+                    help="also time the host work alone: the decodes replayed on recorded logits, no forward pass")  # fmt: skip
     args = ap.parse_args(argv)
     if args.model not in MODELS:
         ap.error(f"unknown --model {args.model}{closest(args.model, MODELS)}; valid: {', '.join(MODELS)}")
@@ -141,12 +154,16 @@ def main(argv=None) -> int:
             generator = torch.Generator().manual_seed(question_seed(0, str(k)))
             return family.settings_type(**fields, sampling=Sampling(args.temperature, args.rule, generator))
 
-        def decode(ids_list, concurrency):
+        def decode(ids_list, concurrency, models=None, executor=None):
+            """Each question's response, at C = 1 on adapter (or on models[k]), else C at a time on
+            the level's executor (or on `executor`); in the order of ids_list."""
             if concurrency == 1:
-                return [family.decode(adapter, ids, settings(k), stop_check) for k, ids in enumerate(ids_list)]
+                return [family.decode(adapter if models is None else models[k], ids, settings(k), stop_check)
+                        for k, ids in enumerate(ids_list)]  # fmt: skip
             requests = [Request(k, lambda model, k=k, ids=ids: family.response(model, ids, settings(k), stop_check))
                         for k, ids in enumerate(ids_list)]  # fmt: skip
-            return [out for _, out in decode_batched(executors[concurrency], requests, concurrency)]
+            done = dict(decode_batched(executors[concurrency] if executor is None else executor, requests, concurrency))
+            return [done[request] for request in requests]
 
         for concurrency in levels:
             decode(prompts[:concurrency], concurrency)  # warm-up: layouts, biases and the allocator
@@ -179,8 +196,50 @@ def main(argv=None) -> int:
         print(f"{schedule}: model us per evaluated row {row_cells} (C={top}/C={below}: {rows[top] / rows[below]:.2f}); "
               f"host CPU ms per round {cpu_cells} (C={top}/C=1: {least_cpu[top] / least_cpu[1]:.1f}); "
               f"host ms per round {cells}; host ms per round C={top}/C=1: {least[top] / least[1]:.1f}")  # fmt: skip
+        if args.replay:
+            replayed = replayed_host_ms(decode, prompts, levels, args.repeats, adapter, executors)
+            cells = ", ".join(f"C={c} {replayed[c]:.3f}" for c in levels)
+            print(f"{schedule}: replayed host ms per round (no forward pass) {cells}; "
+                  f"C={top}/C=1: {replayed[top] / replayed[1]:.1f}")  # fmt: skip
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
     return 0
+
+
+def replayed_host_ms(decode, prompts, levels, repeats, adapter, executors) -> dict[int, float]:
+    """Each level's host ms per round with no forward pass: one decode of `prompts` at that level
+    records its calls' logits, then the levels take turns replaying them `repeats` times (Replay
+    per question at C = 1, BatchReplay above), each keeping its least wall time over its rounds."""
+    logs, expected = {}, {}
+    for concurrency in levels:
+        if concurrency == 1:
+            recorders = [RecordingModel(adapter) for _ in prompts]
+            outs = decode(prompts, 1, models=recorders)
+            logs[1] = [[logits for _, logits in recorder.calls] for recorder in recorders]
+        else:
+            with recording(executors[concurrency]) as log:
+                outs = decode(prompts, concurrency)
+            logs[concurrency] = log
+        expected[concurrency] = [out.tokens for out in outs]
+    least = {c: float("inf") for c in levels}
+    for _ in range(repeats):
+        for concurrency in levels:
+            if concurrency == 1:
+                models = [Replay(log, adapter.device, adapter.mask_token_id) for log in logs[1]]
+                started = time.perf_counter()
+                outs = decode(prompts, 1, models=models)
+                replayed_calls = sum(model.index for model in models)
+            else:
+                executor = BatchReplay(logs[concurrency], adapter.device, adapter.mask_token_id)
+                started = time.perf_counter()
+                outs = decode(prompts, concurrency, executor=executor)
+                replayed_calls = executor.index
+            elapsed = time.perf_counter() - started
+            recorded_calls = sum(map(len, logs[1])) if concurrency == 1 else len(logs[concurrency])
+            if [out.tokens for out in outs] != expected[concurrency] or replayed_calls != recorded_calls:
+                raise RuntimeError(f"the replay at C={concurrency} did not make the recorded decode's calls and tokens")
+            rounds = sum(1 / requests for out in outs for requests in out.call_requests)
+            least[concurrency] = min(least[concurrency], elapsed / rounds * 1000)
+    return least
 
 
 if __name__ == "__main__":

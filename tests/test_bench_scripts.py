@@ -15,7 +15,7 @@ import torch
 
 from packedss.benchmark.calls import SHAPES, random_adapter, shape_config
 from packedss.benchmark.floors import Products, linear_weights
-from packedss.benchmark.replay import Replay
+from packedss.benchmark.replay import BatchReplay, Replay, recording
 from packedss.decoding.trace import RecordingModel
 from packedss.paths import PROJECT_ROOT
 from tests.conftest import write_random_nemotron_with_tokenizer
@@ -165,6 +165,39 @@ def test_replay_reproduces_the_decode_without_the_model(checkpoint):
     replay = Replay([logits for _, logits in recorder.calls], model.device, model.mask_token_id)
     again = decode_ltr(replay, [5, 9, 11, 30, 7], settings)
     assert again.tokens == real.tokens and again.nfe_total == real.nfe_total == replay.index
+
+
+def test_batch_replay_reproduces_a_batched_decode_without_the_model():
+    """BatchReplay hands each batched call the logits recorded for it: the same responses, every
+    recorded call used once; a log recorded for other prompts is refused at its first call."""
+    from packedss.decoding import LTRSettings, Sampling
+    from packedss.decoding.driver import Response, schedule_named
+    from packedss.decoding.engine import Request, decode_batched
+    from packedss.decoding.schedules import LTR_DECODERS
+    from packedss.models.batched import BatchedCalls
+    from packedss.models.nemotron import load_nemotron
+
+    model = load_nemotron(PROJECT_ROOT / "assets" / "models" / "tiny", dtype="float32")
+    settings = LTRSettings("packed", 4, 12, model.eos_token_ids, Sampling(0.0, "rejection", None))
+    packed = schedule_named(LTR_DECODERS, "packed")
+
+    def decode(executor, prompts):
+        requests = [Request(k, lambda m, p=p: Response(m, p, settings, None, packed)) for k, p in enumerate(prompts)]
+        done = {request.key: out for request, out in decode_batched(executor, requests, 3)}
+        return [done[k] for k in range(len(prompts))]
+
+    prompts = [[5, 17, 33, 8, 91], [9, 4], [61, 62, 63, 64], [7, 7, 7]]
+    executor = BatchedCalls(model, 3)
+    with recording(executor) as log:
+        real = decode(executor, prompts)
+    assert executor.run.__func__ is BatchedCalls.run  # the recording ended with the block
+    replay = BatchReplay(log, model.device, model.mask_token_id)
+    again = decode(replay, prompts)
+    assert [out.tokens for out in again] == [out.tokens for out in real]
+    assert [out.call_requests for out in again] == [out.call_requests for out in real]
+    assert replay.index == len(log) > 0
+    with pytest.raises(RuntimeError, match="not the decode that was recorded"):
+        decode(BatchReplay(log, model.device, model.mask_token_id), [[5, 17, 33, 8, 91, 2, 2, 2], [1], [2], [3]])
 
 
 def test_bench_schedules_rejects_an_unknown_schedule(checkpoint):

@@ -156,3 +156,22 @@ def test_a_rounds_logits_are_let_go_before_the_next_batched_call(schedule):
     list(decode_batched(executor, requests, 3))
     assert len(alive) > 5 and alive == [0] * len(alive)
     assert all(ref() is None for ref in earlier)  # nor after the batch
+
+
+def test_bench_concurrency_replays_the_host_work_alone(capsys):
+    """--replay adds a line per schedule: each level's host ms per round with the recorded logits
+    replayed, no forward pass (scripts/bench_concurrency.py), and its ratio."""
+    bench = runpy.run_path(str(PROJECT_ROOT / "scripts" / "bench_concurrency.py"))
+    threads = torch.get_num_threads()
+    try:
+        status = bench["main"](["--schedules", "packed", "--concurrency", "1,3", "--limit", "4", "--repeats", "2",
+                                "--replay"])  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    assert status == 0
+    lines = capsys.readouterr().out.splitlines()
+    (line,) = [line for line in lines if line.startswith("packed: replayed host ms per round (no forward pass) ")]
+    found = re.search(r"C=1 ([\d.]+), C=3 ([\d.]+); C=3/C=1: ([\d.]+)$", line)
+    one, three = float(found.group(1)), float(found.group(2))
+    assert 0 < one and 0 < three
+    assert float(found.group(3)) == pytest.approx(three / one, rel=0.05, abs=0.06)

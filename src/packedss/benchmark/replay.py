@@ -1,10 +1,14 @@
 """The decoder's own time: the same decodes replayed against a model that returns recorded
-logits at no cost."""
+logits at no cost, one response at a time (`Replay`, a CallModel) or C at a time (`BatchReplay`,
+a batch executor of packedss.decoding.engine). With no forward pass between the host steps, what
+is timed is the host work alone, on caches no forward pass has evicted."""
 
 from __future__ import annotations
 
 import math
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -31,6 +35,57 @@ class Replay:
     def synchronize(self):
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
+
+
+class BatchReplay:
+    """A zero-cost batch executor (packedss.decoding.engine.BatchExecutor): returns the recorded
+    logits of each batched call in turn; commits and resets move nothing. `log` holds each
+    recorded call's (rows, logits) (`recording`); a batched call of other rows than the recorded
+    one's is another decode: RuntimeError."""
+
+    def __init__(self, log: list[tuple[int, torch.Tensor]], device: torch.device, mask_token_id: int):
+        self.log, self.device, self.mask_token_id, self.index = log, device, mask_token_id, 0
+        self.charged_s: float | None = None
+
+    def run(self, batch) -> torch.Tensor:
+        rows = batch.tokens.shape[0]
+        if self.index >= len(self.log) or self.log[self.index][0] != rows:
+            raise RuntimeError(f"batched call {self.index} of {rows} rows is not the recorded call: not the decode that "
+                               "was recorded")  # fmt: skip
+        self.index += 1
+        return self.log[self.index - 1][1]
+
+    def commit(self, slot: int, rows: int) -> None:
+        pass
+
+    def reset(self, slot: int) -> None:
+        pass
+
+    def call_stats(self, slot: int) -> dict[str, int]:
+        return {}
+
+    def synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+@contextmanager
+def recording(executor) -> Iterator[list[tuple[int, torch.Tensor]]]:
+    """`with recording(executor) as log:` the rows and logits of each batched call `executor`
+    runs inside the block, in order (its `run` is wrapped on the instance until the block ends)."""
+    log: list[tuple[int, torch.Tensor]] = []
+    run = executor.run
+
+    def recorded(batch):
+        logits = run(batch)
+        log.append((batch.tokens.shape[0], logits))
+        return logits
+
+    executor.run = recorded
+    try:
+        yield log
+    finally:
+        executor.run = run
 
 
 def replay_overhead(decode, adapter, jobs, rounds: int = 5) -> float:
