@@ -176,7 +176,7 @@ def main(argv=None) -> int:
                 outs = decode(prompts, concurrency)
                 elapsed, cpu_ns = time.perf_counter() - started, time.thread_time_ns() - started_cpu
                 model_s = sum(out.model_s for out in outs)
-                rounds = sum(1 / requests for out in outs for requests in out.call_requests)
+                rounds = batched_calls(outs)
                 ms = (elapsed - model_s) / rounds * 1000
                 cpu_ms = (cpu_ns - (model_cpu.ns - before_model)) / rounds / 1e6
                 row_us = model_s / sum(sum(out.rows_evaluated) for out in outs) * 1e6
@@ -203,6 +203,12 @@ def main(argv=None) -> int:
                   f"C={top}/C=1: {replayed[top] / replayed[1]:.1f}")  # fmt: skip
     print(f"load average {os.getloadavg()[0]:.1f} at the end")
     return 0
+
+
+def batched_calls(outs) -> float:
+    """The batched calls (rounds) the responses `outs` made: each call is shared by the requests
+    it carried (at C = 1, every call is one)."""
+    return sum(1 / requests for out in outs for requests in out.call_requests)
 
 
 def replayed_host_ms(decode, prompts, levels, repeats, adapter, executors) -> dict[int, float]:
@@ -237,7 +243,7 @@ def replayed_host_ms(decode, prompts, levels, repeats, adapter, executors) -> di
             recorded_calls = sum(map(len, logs[1])) if concurrency == 1 else len(logs[concurrency])
             if [out.tokens for out in outs] != expected[concurrency] or replayed_calls != recorded_calls:
                 raise RuntimeError(f"the replay at C={concurrency} did not make the recorded decode's calls and tokens")
-            rounds = sum(1 / requests for out in outs for requests in out.call_requests)
+            rounds = batched_calls(outs)
             least[concurrency] = min(least[concurrency], elapsed / rounds * 1000)
     return least
 

@@ -64,9 +64,7 @@ class BatchReplay:
     def call_stats(self, slot: int) -> dict[str, int]:
         return {}
 
-    def synchronize(self) -> None:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
+    synchronize = Replay.synchronize
 
 
 @contextmanager
