@@ -21,9 +21,9 @@ from collections.abc import Sequence
 import torch
 
 from packedss.decoding.batched_anyorder import Propose, Proposed, Verify, runs_of, set_round
-from packedss.decoding.calls import Call, CallModel, Layout, Role, Segment, layout_of, pack
+from packedss.decoding.calls import Call, CallModel, Layout, Listed, Role, Segment, layout_of, pack
 from packedss.decoding.driver import AnyOrderSettings, Decoder, Host, Steps, drive, schedule_named
-from packedss.decoding.rows import Rows, uploaded
+from packedss.decoding.rows import Rows, sliced
 from packedss.decoding.trace import Decoded, StopCheck
 
 
@@ -140,18 +140,19 @@ class _SetDecoder(Decoder):
         return (yield Host(set_round, logits, parts, self.settings.sampling))
 
     # ----------------------------------------------------------------- running calls
-    def run(self, kind, prefix, clean, clean_real, masks, levels, mask_real, u, read_from=0) -> Steps:
-        """Build and run one call; `prefix` and `clean` are lists of (position, token), `prefix`
-        is written to the cache; logits of rows `read_from`.. come back."""
-        rows, written, count = prefix + clean, len(prefix), len(prefix) + len(clean) + len(masks)
-        # One host-to-device copy of the tokens (the masks' included) and positions (`uploaded`);
-        # the call's parts, and the drafts `verify_ranks` verifies, are views.
-        ids = uploaded([t for _, t in rows] + [self.mask] * len(masks) + [i for i, _ in rows] + masks, self.device)
-        self.clean_tokens = ids[written : len(rows)]
+    def run(self, kind, prefix, clean_positions, clean_tokens, clean_real, masks, levels, mask_real, u,
+            read_from=0) -> Steps:  # fmt: skip
+        """Build and run one call; `prefix` is a list of (position, token), written to the cache;
+        the clean rows' positions and tokens are lists; logits of rows `read_from`.. come back."""
+        written = len(prefix)
+        # The tokens (the masks' included) and positions as host integers, copied to the device
+        # when the call runs (with every other request's in a batch); the drafts `verify_ranks`
+        # verifies are then rows of that copy.
         layout = _set_call_layout(written, tuple(clean_real), tuple(levels), tuple(mask_real), self.device)
-        call = Call(ids[:count], ids[count:], layout.roles, layout.attend, useful=layout.useful, drafts=layout.drafts,
-                    read_from=read_from, rule=layout.rule)  # fmt: skip
+        ids = [t for _, t in prefix] + clean_tokens + [self.mask] * len(masks) + [i for i, _ in prefix] + clean_positions + masks
+        call = Listed(layout, ids, read_from)
         logits = yield call
+        self.clean_rows, self.clean = sliced(call.uploaded, written, written + len(clean_tokens)), clean_tokens
         self.kinds.append(kind)
         self.u.append(u)
         self.p.append(0 if kind == "prefill" else len(prefix))
@@ -162,7 +163,7 @@ class _SetDecoder(Decoder):
         """A call of the prefix and one mask query per window position, seeing the prefix only;
         commits the prefix and returns the queries' logits."""
         u = len(window)
-        logits = yield from self.run(kind, prefix, [], [], window, [0] * u, [True] * u, u, read_from=len(prefix))
+        logits = yield from self.run(kind, prefix, [], [], [], window, [0] * u, [True] * u, u, read_from=len(prefix))
         self.model.commit(len(prefix))
         return logits
 
@@ -205,14 +206,18 @@ class _SetDecoder(Decoder):
         results of the round's `more` parts. A correction becomes `pending`."""
         u = len(sigma)
         m = sum(1 for i in sigma if i in self.drafts)
-        drafts = self.clean_tokens[:m]  # the call's clean rows hold sigma's drafts, in order
+        # The call's clean rows hold sigma's drafts, in order (on the device and on the host).
+        drafts, tokens = sliced(self.clean_rows, 0, m), self.clean[:m]
         q = None
         if not self.settings.sampling.greedy:
             source = logits.source if type(logits) is Rows else logits
             q = torch.stack([self.drafts[i][1] for i in sigma[:m]]) if m else source.new_zeros((0, source.shape[-1]))
-        rows = list(range(u)) if rows is None else rows
-        picks = rows[: m + 1] if m < u else rows + rows[-1:]  # all drafted: the last query twice, its bonus dropped
-        part = Verify(runs_of(picks), drafts, [self.drafts[i][0] for i in sigma[:m]], q)
+        # Ranks 0..m (all drafted: the last query twice, its bonus dropped).
+        if rows is None:
+            runs = (range(m + 1),) if m < u else (range(u), range(u - 1, u))
+        else:
+            runs = runs_of(rows[: m + 1] if m < u else rows + rows[-1:])
+        part = Verify(runs, drafts, tokens, q)
         emitted, *later = yield from self.host(logits, part, *more)
         h = m if len(emitted) > u else len(emitted) - 1  # m == u and all accepted: no correction
         self.draft_proposed += m
@@ -293,9 +298,9 @@ class _Linear(_SetDecoder):
         if starting:
             self.keys = dict(zip(window, proposed.confidence))
         sigma = self.order(window)
-        clean = [(i, self.drafts[i][0]) for i in sigma]
+        clean = [self.drafts[i][0] for i in sigma]
         # Logits of the queries only (the clean rows' are never read).
-        logits = yield from self.run("verify", [], clean, [True] * u, sigma, list(range(u)), [True] * u, u, read_from=u)
+        logits = yield from self.run("verify", [], sigma, clean, [True] * u, sigma, list(range(u)), [True] * u, u, read_from=u)
         _, done, _ = yield from self.verify_ranks(sigma, logits)
         return done
 
@@ -320,13 +325,13 @@ class _Packed(_SetDecoder):
         starting = self.starting
         sigma = self.order(window)
         real = [i in self.drafts and not starting for i in sigma]
-        clean = [(i, self.drafts[i][0] if r else self.mask) for i, r in zip(sigma, real)]
+        clean = [self.drafts[i][0] if r else self.mask for i, r in zip(sigma, real)]
         first_missing = real.index(False) if False in real else u
         query_real = [r < first_missing + 1 and not starting for r in range(u)]
         masks = sigma + window
         levels = list(range(u)) + [0] * u
         # Logits of the queries and the draft rows only (the p and clean rows' are never read).
-        logits = yield from self.run("packed", self.pending, clean, real, masks, levels, query_real + [True] * u, u,
+        logits = yield from self.run("packed", self.pending, sigma, clean, real, masks, levels, query_real + [True] * u, u,
                                      read_from=p + u)  # fmt: skip
         draft_rows = range(u, 2 * u)
         if starting:
@@ -360,7 +365,7 @@ class _Quadratic(_SetDecoder):
         starting = self.starting
         sigma = self.order(window)
         real = [i in self.drafts and not starting for i in sigma]
-        clean = [(i, self.drafts[i][0] if r else self.mask) for i, r in zip(sigma, real)]
+        clean = [self.drafts[i][0] if r else self.mask for i, r in zip(sigma, real)]
         # Block k (k = 0..u) sees the clean ranks < k: its rows are the positions still open after
         # accepting k drafts (row 0 is the rank-k query), filled to u rows.
         blocks, levels, block_real = [], [], []
@@ -378,7 +383,7 @@ class _Quadratic(_SetDecoder):
             block_real += ok
         masks = [i for rows in blocks for i in rows]
         # Logits of the blocks only (the p and clean rows' are never read): block k's rows k u ..
-        logits = yield from self.run("quadratic", self.pending, clean, real, masks, levels, block_real, u, read_from=p + u)
+        logits = yield from self.run("quadratic", self.pending, sigma, clean, real, masks, levels, block_real, u, read_from=p + u)
         if starting:
             self.model.commit(p)
             return (yield from self.start_block(window, logits, range(u)))

@@ -43,10 +43,11 @@ from packedss.decoding.verify import (
 
 class Verify(NamedTuple):
     """Verify m drafts with the m + 1 verifier rows `runs` (ranges of the step's logits, in rank
-    order): the drafts on the device and on the host, and at T > 0 their q (m, V)."""
+    order): the drafts on the device (a tensor, or Rows of a batch's call tokens) and on the host,
+    and at T > 0 their q (m, V)."""
 
     runs: tuple[range, ...]
-    drafts: torch.Tensor
+    drafts: torch.Tensor | Rows
     tokens: list[int]
     probs: torch.Tensor | None
 
@@ -108,7 +109,7 @@ def set_round(logits, parts: tuple, sampling: Sampling) -> list:
     for part in parts:
         rows = _picked(logits, part.runs)
         if type(part) is Verify:
-            out.append(verify(rows, part.drafts, part.probs, sampling))
+            out.append(verify(rows, materialized(part.drafts), part.probs, sampling))
             continue
         tokens, q = propose(rows, sampling)
         confidence = confidences(rows, tokens, sampling.temperature).tolist() if part.confident else None

@@ -15,6 +15,8 @@ from typing import NamedTuple, Protocol
 
 import torch
 
+from packedss.decoding.rows import uploaded
+
 
 class Role(enum.IntEnum):
     """What a row is for. VERIFY rows are read in AR mode (clean tokens, causal),
@@ -212,3 +214,28 @@ class Planned(NamedTuple):
 
     def build(self) -> Call:
         return self.layout.call(torch.cat(self.parts), self.offsets + self.position)
+
+
+class Listed:
+    """A call of a shared layout whose tokens and positions are still host integers: `ids` holds
+    its R tokens, then its R positions. It is copied to the device when it runs: alone by `build`,
+    one copy per call; in a batch by the engine (packedss.decoding.engine), one copy for every
+    listed call of the round. Either way `uploaded` is then its tokens on the device (a tensor
+    alone, Rows of the round's copy in a batch), which the decoder may slice (its drafts)."""
+
+    __slots__ = ("layout", "ids", "read_from", "uploaded")
+
+    def __init__(self, layout: Layout, ids: list[int], read_from: int):
+        self.layout, self.ids, self.read_from = layout, ids, read_from
+        self.uploaded = None
+
+    @property
+    def rows(self) -> int:
+        return len(self.ids) >> 1
+
+    def build(self) -> Call:
+        rows, layout = len(self.ids) >> 1, self.layout
+        ids = uploaded(self.ids, layout.roles.device)
+        self.uploaded = ids[:rows]
+        return Call(self.uploaded, ids[rows:], layout.roles, layout.attend, useful=layout.useful, drafts=layout.drafts,
+                    read_from=self.read_from, rule=layout.rule)  # fmt: skip

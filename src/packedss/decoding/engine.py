@@ -32,9 +32,9 @@ from typing import Any, NamedTuple, Protocol
 import torch
 
 from packedss.decoding.batched_ops import BATCHED, end_round
-from packedss.decoding.calls import Call, Layout, Planned
+from packedss.decoding.calls import Call, Layout, Listed, Planned
 from packedss.decoding.driver import FrozenHeap, Host, Response
-from packedss.decoding.rows import Rows, concatenated, materialized, shifted
+from packedss.decoding.rows import Rows, concatenated, materialized, shifted, uploaded
 from packedss.decoding.trace import Decoded
 
 
@@ -230,13 +230,21 @@ class _Engine:
     def batch(self, slots: list[_Slot]) -> CallBatch:
         """The CallBatch of every slot's pending call, in a fixed number of tensor operations."""
         entries, tokens, positions, shifts, start = [], [], [], [], 0
+        listed: list[tuple[int, int, Listed]] = []  # the listed calls, their places among the parts
         for slot in slots:
             op = slot.op
-            if type(op) is Planned:
+            kind = type(op)
+            if kind is Planned:
                 rows, layout, read_from = op.offsets.shape[0], op.layout, 0
                 tokens += op.parts
                 positions.append(op.offsets)
                 shifts.append(op.position)
+            elif kind is Listed:
+                rows, layout, read_from = len(op.ids) >> 1, op.layout, op.read_from
+                listed.append((len(tokens), len(positions), op))
+                tokens.append(None)  # its Rows of the round's copy, below
+                positions.append(None)
+                shifts.append(0)
             else:
                 rows, read_from = op.rows, op.read_from
                 layout = Layout(op.roles, op.attend, op.rows_useful, op.draft_rows, op.rule)
@@ -246,8 +254,33 @@ class _Engine:
             entries.append(Entry(slot.index, layout, rows, read_from, start))
             start += rows
         device = self.executor.device
+        if listed:
+            copy = self.upload(listed, tokens, positions, device)
+            if len(listed) == len(entries):  # every call listed: the copy holds the tokens, then the positions
+                return CallBatch(entries, copy[:start], copy[start:])
         position_ids = shifted(concatenated(positions, device), shifts, [e.rows for e in entries], device)
         return CallBatch(entries, concatenated(tokens, device), position_ids)
+
+    @staticmethod
+    def upload(listed: list[tuple[int, int, Listed]], tokens: list, positions: list, device: torch.device) -> torch.Tensor:
+        """Copy every listed call's ids to the device at once (all of their tokens, then all of
+        their positions); each one's tokens and positions become Rows of the copy, at its places
+        in `tokens` and `positions`. Returns the copy."""
+        host_tokens: list[int] = []
+        host_positions: list[int] = []
+        for *_, op in listed:
+            rows = len(op.ids) >> 1
+            host_tokens += op.ids[:rows]
+            host_positions += op.ids[rows:]
+        total = len(host_tokens)
+        copy = uploaded(host_tokens + host_positions, device)
+        begin = 0
+        for token_place, position_place, op in listed:
+            end = begin + (len(op.ids) >> 1)
+            op.uploaded = tokens[token_place] = Rows(copy, begin, end)
+            positions[position_place] = Rows(copy, total + begin, total + end)
+            begin = end
+        return copy
 
     def result(self, slot: _Slot) -> Decoded:
         """The slot's Decoded (its own, fresh from its meter), with its times on the job's clock."""

@@ -19,7 +19,7 @@ from packedss.decoding.calls import CallModel
 from packedss.decoding.driver import AnyOrderSettings, Host, Steps
 from packedss.decoding.pld import lookup_draft, point_mass, room_for_drafts, verify_lookup
 from packedss.decoding.queried import _QueriedAR, _verify_shape
-from packedss.decoding.rows import uploaded
+from packedss.decoding.rows import materialized, uploaded
 from packedss.decoding.schedules import _causal_shape, _LTRDecoder
 from packedss.decoding.trace import StopCheck
 
@@ -105,12 +105,11 @@ class _SetLookup(_SetDecoder):
         m = len(drafts)
         sigma = list(range(start, start + m + 1))
         self.drafts = {start + k: (token, None) for k, token in enumerate(drafts)}
-        clean = list(zip(sigma, drafts))
-        logits = yield from self.run("verify", self.pending, clean, [True] * m, sigma, list(range(m + 1)),
+        logits = yield from self.run("verify", self.pending, sigma[:m], drafts, [True] * m, sigma, list(range(m + 1)),
                                      [True] * (m + 1), m + 1)  # fmt: skip
         if m and not s.sampling.greedy:
-            q = point_mass(self.clean_tokens[:m], logits.shape[-1], logits.dtype)
-            self.drafts = {position: (token, q[k]) for k, (position, token) in enumerate(clean)}
+            q = point_mass(materialized(self.clean_rows), logits.shape[-1], logits.dtype)
+            self.drafts = {position: (token, q[k]) for k, (position, token) in enumerate(zip(sigma, drafts))}
         _, done, _ = yield from self.verify_ranks(sigma, logits[p + m :])
         return done
 

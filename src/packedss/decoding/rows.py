@@ -36,6 +36,13 @@ class Rows:
         return self.source[self.start : self.stop]
 
 
+def sliced(value, start: int, stop: int):
+    """Rows start..stop of a tensor (a view) or of Rows (Rows)."""
+    if type(value) is Rows:
+        return Rows(value.source, value.start + start, value.start + stop)
+    return value[start:stop]
+
+
 def materialized(value):
     """A Rows as the tensor it stands for; anything else as it is."""
     return value.tensor() if type(value) is Rows else value
@@ -68,7 +75,7 @@ def uploaded(values: list[int], device: torch.device) -> torch.Tensor:
 
 def concatenated(parts: Sequence, device: torch.device) -> torch.Tensor:
     """The rows of `parts` (Rows or tensors) in order: one `cat` of their distinct sources and one
-    gather, however many parts there are (none when they are one source's rows in order)."""
+    gather, however many parts there are (none when they are consecutive rows of the sources)."""
     where: dict[int, int] = {}
     pool: list[torch.Tensor] = []
     shifts, counts = [], []
@@ -87,8 +94,9 @@ def concatenated(parts: Sequence, device: torch.device) -> torch.Tensor:
         counts.append(count)
         total += count
     pooled = pool[0] if len(pool) == 1 else torch.cat(pool)
-    if total == size and not any(shifts):  # the sources' rows, in order
-        return pooled
+    first = shifts[0] if shifts else 0
+    if shifts.count(first) == len(shifts):  # one run of the sources' rows, in order: a view
+        return pooled if first == 0 and total == size else pooled[first : first + total]
     return pooled.index_select(0, _gathered(shifts, counts, total, device))
 
 
