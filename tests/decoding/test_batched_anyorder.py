@@ -156,3 +156,34 @@ def test_a_greedy_anyorder_round_reads_back_once_per_wave(tiny_set, schedule, or
         finished = list(decode_batched(executor, _requests(ANYORDER_DECODERS, settings, MANY[:8]), 4))
     assert len(counts) <= len(waves) + len(finished), (counts, waves)
     assert sum(waves) > 2 * len(waves)  # the waves did carry several requests
+
+
+@pytest.mark.parametrize("schedule, order", [("packed", "confidence"), ("linear", "ltr"), ("quadratic", "confidence")])
+def test_a_round_of_anyorder_calls_is_one_copy_to_the_device(tiny_set, schedule, order, monkeypatch):
+    """Every request's call of a round (Listed: host ids) is copied to the device in one copy, and
+    each request's rows of the batch hold its tokens and positions, as its call alone builds them."""
+    from packedss.decoding import engine
+    from packedss.decoding.calls import Listed
+    from packedss.models.batched import BatchedCalls
+
+    settings = lambda cap, key: AnyOrderSettings(schedule, 4, cap, (2,), Sampling(0.0, "rejection", None), order=order)  # noqa: E731
+    copies, rounds = [], []
+    copy, make = engine.uploaded, engine._Engine.batch
+
+    def batch(self, slots):
+        calls = [slot.op for slot in slots]
+        made = make(self, slots)
+        rounds.append(len(calls))
+        for entry, call in zip(made.entries, calls):
+            alone = Listed(call.layout, call.ids, call.read_from).build()
+            rows = slice(entry.start, entry.start + entry.rows)
+            assert made.tokens[rows].tolist() == alone.tokens.tolist()
+            assert made.positions[rows].tolist() == alone.positions.tolist()
+            assert call.uploaded.tensor().tolist() == alone.tokens.tolist()  # the drafts' rows
+        return made
+
+    monkeypatch.setattr(engine, "uploaded", lambda values, device: copies.append(len(values)) or copy(values, device))
+    monkeypatch.setattr(engine._Engine, "batch", batch)
+    finished = list(engine.decode_batched(BatchedCalls(tiny_set, 4), _requests(ANYORDER_DECODERS, settings, MANY[:8]), 4))
+    assert len(finished) == 8
+    assert len(copies) == len(rounds) and max(rounds) > 1, (copies, rounds)

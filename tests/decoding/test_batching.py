@@ -306,3 +306,18 @@ def test_batched_near_ties_are_the_ones_of_one_at_a_time(tiny, schedule, monkeyp
     alone, together = _check(tiny, requests, 3)
     for key, out in alone.items():
         assert len(out.extra["near_ties"]) == len(out.tokens)  # one per output token, its margin each
+
+
+def test_a_round_mixing_listed_and_planned_calls_gives_each_request_its_own_rows():
+    """Calls built from host ids (the any-order family's Listed) and from tensor parts (the LTR
+    family's Planned) in one batch: each request decodes as alone."""
+    from packedss.decoding.anyorder import ANYORDER_DECODERS, AnyOrderSettings
+
+    pairs = [([1, 2, 3][: 1 + k % 3], 6 + 5 * k) for k in range(6)]
+    ltr = _requests(LTR_DECODERS, lambda cap, key: LTRSettings("packed", 3, cap, (), GREEDY), pairs[:3])
+    anyorder = _requests(ANYORDER_DECODERS, lambda cap, key: AnyOrderSettings("packed", 3, cap, (), GREEDY), pairs[3:])
+    requests = [Request(("ltr", r.key), r.start) for r in ltr] + [Request(("set", r.key), r.start) for r in anyorder]
+    alone = {request.key: run_alone(request.start(ToyLTRModel(vocab=8, seed=1))) for request in requests}
+    together = dict((request.key, out) for request, out in decode_batched(_ToyBatch(6), requests, 6))
+    for key, out in alone.items():
+        assert together[key].tokens == out.tokens and together[key].rows_evaluated == out.rows_evaluated
