@@ -57,6 +57,28 @@ def _set_call_layout(prefix: int, clean_real: tuple[bool, ...], mask_levels: tup
     return layout_of(pack(segments, sees))
 
 
+@functools.lru_cache(maxsize=1024)
+def _window_layout(prefix: int, u: int, device: torch.device) -> Layout:
+    """A call of `prefix` rows, then u mask queries that see them (run_window)."""
+    return _set_call_layout(prefix, (), (0,) * u, (True,) * u, device)
+
+
+@functools.lru_cache(maxsize=1024)
+def _verify_layout(u: int, device: torch.device) -> Layout:
+    """Linear-SS's verify call: u clean rows, then the u rank queries, all real."""
+    return _set_call_layout(0, (True,) * u, tuple(range(u)), (True,) * u, device)
+
+
+@functools.lru_cache(maxsize=1024)
+def _packed_layout(prefix: int, u: int, m: int, starting: bool, device: torch.device) -> Layout:
+    """Packed-SS's call: `prefix` rows, sigma's u clean rows (its first m, the drafted ones, real),
+    the u rank queries (ranks 0..m real; none at a block's start, m = 0 there), then the window's
+    u draft rows."""
+    queries = tuple(r <= m and not starting for r in range(u))
+    return _set_call_layout(prefix, (True,) * m + (False,) * (u - m), tuple(range(u)) + (0,) * u, queries + (True,) * u,
+                            device)  # fmt: skip
+
+
 def set_call(
     prefix_tokens: torch.Tensor,
     prefix_positions: torch.Tensor,
@@ -140,15 +162,14 @@ class _SetDecoder(Decoder):
         return (yield Host(set_round, logits, parts, self.settings.sampling))
 
     # ----------------------------------------------------------------- running calls
-    def run(self, kind, prefix, clean_positions, clean_tokens, clean_real, masks, levels, mask_real, u,
-            read_from=0) -> Steps:  # fmt: skip
-        """Build and run one call; `prefix` is a list of (position, token), written to the cache;
-        the clean rows' positions and tokens are lists; logits of rows `read_from`.. come back."""
+    def run(self, kind, prefix, clean_positions, clean_tokens, layout, masks, u, read_from=0) -> Steps:
+        """Run one call of `layout` (`_set_call_layout`'s); `prefix` is a list of (position, token),
+        written to the cache; the clean rows' positions and tokens, and the masks' positions, are
+        lists; logits of rows `read_from`.. come back."""
         written = len(prefix)
         # The tokens (the masks' included) and positions as host integers, copied to the device
         # when the call runs (with every other request's in a batch); the drafts `verify_ranks`
         # verifies are then rows of that copy.
-        layout = _set_call_layout(written, tuple(clean_real), tuple(levels), tuple(mask_real), self.device)
         ids = [t for _, t in prefix] + clean_tokens + [self.mask] * len(masks) + [i for i, _ in prefix] + clean_positions + masks
         call = Listed(layout, ids, read_from)
         logits = yield call
@@ -163,7 +184,8 @@ class _SetDecoder(Decoder):
         """A call of the prefix and one mask query per window position, seeing the prefix only;
         commits the prefix and returns the queries' logits."""
         u = len(window)
-        logits = yield from self.run(kind, prefix, [], [], [], window, [0] * u, [True] * u, u, read_from=len(prefix))
+        logits = yield from self.run(kind, prefix, [], [], _window_layout(len(prefix), u, self.device), window, u,
+                                     read_from=len(prefix))  # fmt: skip
         self.model.commit(len(prefix))
         return logits
 
@@ -300,7 +322,7 @@ class _Linear(_SetDecoder):
         sigma = self.order(window)
         clean = [self.drafts[i][0] for i in sigma]
         # Logits of the queries only (the clean rows' are never read).
-        logits = yield from self.run("verify", [], sigma, clean, [True] * u, sigma, list(range(u)), [True] * u, u, read_from=u)
+        logits = yield from self.run("verify", [], sigma, clean, _verify_layout(u, self.device), sigma, u, read_from=u)
         _, done, _ = yield from self.verify_ranks(sigma, logits)
         return done
 
@@ -324,15 +346,12 @@ class _Packed(_SetDecoder):
         u, p = len(window), len(self.pending)
         starting = self.starting
         sigma = self.order(window)
-        real = [i in self.drafts and not starting for i in sigma]
-        clean = [self.drafts[i][0] if r else self.mask for i, r in zip(sigma, real)]
-        first_missing = real.index(False) if False in real else u
-        query_real = [r < first_missing + 1 and not starting for r in range(u)]
-        masks = sigma + window
-        levels = list(range(u)) + [0] * u
+        drafts = self.drafts
+        m = 0 if starting else sum(1 for i in sigma if i in drafts)  # sigma's drafted positions come first
+        clean = [drafts[i][0] for i in sigma[:m]] + [self.mask] * (u - m)
+        layout = _packed_layout(p, u, m, starting, self.device)
         # Logits of the queries and the draft rows only (the p and clean rows' are never read).
-        logits = yield from self.run("packed", self.pending, sigma, clean, real, masks, levels, query_real + [True] * u, u,
-                                     read_from=p + u)  # fmt: skip
+        logits = yield from self.run("packed", self.pending, sigma, clean, layout, sigma + window, u, read_from=p + u)
         draft_rows = range(u, 2 * u)
         if starting:
             self.model.commit(p)
@@ -383,7 +402,8 @@ class _Quadratic(_SetDecoder):
             block_real += ok
         masks = [i for rows in blocks for i in rows]
         # Logits of the blocks only (the p and clean rows' are never read): block k's rows k u ..
-        logits = yield from self.run("quadratic", self.pending, sigma, clean, real, masks, levels, block_real, u, read_from=p + u)
+        layout = _set_call_layout(p, tuple(real), tuple(levels), tuple(block_real), self.device)
+        logits = yield from self.run("quadratic", self.pending, sigma, clean, layout, masks, u, read_from=p + u)
         if starting:
             self.model.commit(p)
             return (yield from self.start_block(window, logits, range(u)))

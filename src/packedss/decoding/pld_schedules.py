@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from packedss.decoding.anyorder import _SetDecoder
+from packedss.decoding.anyorder import _set_call_layout, _SetDecoder
 from packedss.decoding.calls import CallModel
 from packedss.decoding.driver import AnyOrderSettings, Host, Steps
 from packedss.decoding.pld import lookup_draft, point_mass, room_for_drafts, verify_lookup
@@ -105,8 +105,8 @@ class _SetLookup(_SetDecoder):
         m = len(drafts)
         sigma = list(range(start, start + m + 1))
         self.drafts = {start + k: (token, None) for k, token in enumerate(drafts)}
-        logits = yield from self.run("verify", self.pending, sigma[:m], drafts, [True] * m, sigma, list(range(m + 1)),
-                                     [True] * (m + 1), m + 1)  # fmt: skip
+        layout = _set_call_layout(p, (True,) * m, tuple(range(m + 1)), (True,) * (m + 1), self.model.device)
+        logits = yield from self.run("verify", self.pending, sigma[:m], drafts, layout, sigma, m + 1)
         if m and not s.sampling.greedy:
             q = point_mass(materialized(self.clean_rows), logits.shape[-1], logits.dtype)
             self.drafts = {position: (token, q[k]) for k, (position, token) in enumerate(zip(sigma, drafts))}
