@@ -229,10 +229,6 @@ class Listed:
         self.layout, self.ids, self.read_from = layout, ids, read_from
         self.uploaded = None
 
-    @property
-    def rows(self) -> int:
-        return len(self.ids) >> 1
-
     def build(self) -> Call:
         rows, layout = len(self.ids) >> 1, self.layout
         ids = uploaded(self.ids, layout.roles.device)
