@@ -64,9 +64,10 @@ def _window_layout(prefix: int, u: int, device: torch.device) -> Layout:
 
 
 @functools.lru_cache(maxsize=1024)
-def _verify_layout(u: int, device: torch.device) -> Layout:
-    """Linear-SS's verify call: u clean rows, then the u rank queries, all real."""
-    return _set_call_layout(0, (True,) * u, tuple(range(u)), (True,) * u, device)
+def _verify_layout(prefix: int, drafted: int, queries: int, device: torch.device) -> Layout:
+    """A verify call: `prefix` rows, the `drafted` clean rows, then the rank queries 0..queries-1,
+    all real (Linear-SS's: no prefix, u of each; pld's: p, m and m + 1)."""
+    return _set_call_layout(prefix, (True,) * drafted, tuple(range(queries)), (True,) * queries, device)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -170,15 +171,19 @@ class _SetDecoder(Decoder):
         # The tokens (the masks' included) and positions as host integers, copied to the device
         # when the call runs (with every other request's in a batch); the drafts `verify_ranks`
         # verifies are then rows of that copy.
-        ids = [t for _, t in prefix] + clean_tokens + [self.mask] * len(masks) + [i for i, _ in prefix] + clean_positions + masks
-        call = Listed(layout, ids, read_from)
+        tokens = [t for _, t in prefix] + clean_tokens + [self.mask] * len(masks)
+        call = Listed(layout, tokens + [i for i, _ in prefix] + clean_positions + masks, read_from)
         logits = yield call
-        self.clean_rows, self.clean = sliced(call.uploaded, written, written + len(clean_tokens)), clean_tokens
+        self.call, self.written, self.clean = call, written, clean_tokens
         self.kinds.append(kind)
         self.u.append(u)
         self.p.append(0 if kind == "prefill" else len(prefix))
         self.resolved.append(0)
         return logits
+
+    def clean_rows(self, count: int):
+        """The last call's first `count` clean tokens on the device (the drafts it verifies)."""
+        return sliced(self.call.uploaded, self.written, self.written + count)
 
     def run_window(self, kind: str, prefix: list[tuple[int, int]], window: list[int]) -> Steps:
         """A call of the prefix and one mask query per window position, seeing the prefix only;
@@ -229,7 +234,7 @@ class _SetDecoder(Decoder):
         u = len(sigma)
         m = sum(1 for i in sigma if i in self.drafts)
         # The call's clean rows hold sigma's drafts, in order (on the device and on the host).
-        drafts, tokens = sliced(self.clean_rows, 0, m), self.clean[:m]
+        drafts, tokens = self.clean_rows(m), self.clean[:m]
         q = None
         if not self.settings.sampling.greedy:
             source = logits.source if type(logits) is Rows else logits
@@ -322,7 +327,7 @@ class _Linear(_SetDecoder):
         sigma = self.order(window)
         clean = [self.drafts[i][0] for i in sigma]
         # Logits of the queries only (the clean rows' are never read).
-        logits = yield from self.run("verify", [], sigma, clean, _verify_layout(u, self.device), sigma, u, read_from=u)
+        logits = yield from self.run("verify", [], sigma, clean, _verify_layout(0, u, u, self.device), sigma, u, read_from=u)
         _, done, _ = yield from self.verify_ranks(sigma, logits)
         return done
 

@@ -255,31 +255,31 @@ class _Engine:
             start += rows
         device = self.executor.device
         if listed:
-            copy = self.upload(listed, tokens, positions, device)
+            copy = self.upload([op for *_, op in listed], device)
             if len(listed) == len(entries):  # every call listed: the copy holds the tokens, then the positions
                 return CallBatch(entries, copy[:start], copy[start:])
+            half = copy.shape[0] // 2
+            for token_place, position_place, op in listed:
+                tokens[token_place] = op.uploaded
+                positions[position_place] = Rows(copy, half + op.uploaded.start, half + op.uploaded.stop)
         position_ids = shifted(concatenated(positions, device), shifts, [e.rows for e in entries], device)
         return CallBatch(entries, concatenated(tokens, device), position_ids)
 
     @staticmethod
-    def upload(listed: list[tuple[int, int, Listed]], tokens: list, positions: list, device: torch.device) -> torch.Tensor:
-        """Copy every listed call's ids to the device at once (all of their tokens, then all of
-        their positions); each one's tokens and positions become Rows of the copy, at its places
-        in `tokens` and `positions`. Returns the copy."""
+    def upload(listed: list[Listed], device: torch.device) -> torch.Tensor:
+        """Copy the ids of every call of `listed` to the device at once: all of their tokens, then
+        all of their positions. Each call's `uploaded` becomes its tokens' Rows of the copy."""
         host_tokens: list[int] = []
         host_positions: list[int] = []
-        for *_, op in listed:
+        begins = []
+        for op in listed:
             rows = len(op.ids) >> 1
+            begins.append(len(host_tokens))
             host_tokens += op.ids[:rows]
             host_positions += op.ids[rows:]
-        total = len(host_tokens)
         copy = uploaded(host_tokens + host_positions, device)
-        begin = 0
-        for token_place, position_place, op in listed:
-            end = begin + (len(op.ids) >> 1)
-            op.uploaded = tokens[token_place] = Rows(copy, begin, end)
-            positions[position_place] = Rows(copy, total + begin, total + end)
-            begin = end
+        for op, begin in zip(listed, begins):
+            op.uploaded = Rows(copy, begin, begin + (len(op.ids) >> 1))
         return copy
 
     def result(self, slot: _Slot) -> Decoded:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-from packedss.decoding.anyorder import _set_call_layout, _SetDecoder
+from packedss.decoding.anyorder import _SetDecoder, _verify_layout
 from packedss.decoding.calls import CallModel
 from packedss.decoding.driver import AnyOrderSettings, Host, Steps
 from packedss.decoding.pld import lookup_draft, point_mass, room_for_drafts, verify_lookup
@@ -105,10 +105,10 @@ class _SetLookup(_SetDecoder):
         m = len(drafts)
         sigma = list(range(start, start + m + 1))
         self.drafts = {start + k: (token, None) for k, token in enumerate(drafts)}
-        layout = _set_call_layout(p, (True,) * m, tuple(range(m + 1)), (True,) * (m + 1), self.model.device)
+        layout = _verify_layout(p, m, m + 1, self.model.device)
         logits = yield from self.run("verify", self.pending, sigma[:m], drafts, layout, sigma, m + 1)
         if m and not s.sampling.greedy:
-            q = point_mass(materialized(self.clean_rows), logits.shape[-1], logits.dtype)
+            q = point_mass(materialized(self.clean_rows(m)), logits.shape[-1], logits.dtype)
             self.drafts = {position: (token, q[k]) for k, (position, token) in enumerate(zip(sigma, drafts))}
         _, done, _ = yield from self.verify_ranks(sigma, logits[p + m :])
         return done
