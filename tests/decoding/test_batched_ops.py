@@ -1,6 +1,7 @@
 """The batched host steps (packedss.decoding.batched_ops) give what the plain functions give each
 request: the two-pass argmax and top-2 equal torch's on rows with ties; a round reads back once;
-the near-tie threshold is frexp's."""
+the near-tie threshold is frexp's; a greedy verification found on the host equals `verify`'s,
+whatever the drafts are; the calls after a greedy round's read-back are built on the host."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ import torch
 from packedss.decoding import LTRSettings, Sampling
 from packedss.decoding import batched_ops, verify
 from packedss.decoding.batched_ops import _Greedy
+from packedss.decoding.calls import Listed, Planned
 from packedss.decoding.driver import Response, schedule_named, verify_ahead
+from packedss.decoding import engine
 from packedss.decoding.engine import Request, decode_batched
 from packedss.decoding.rows import Rows
-from packedss.decoding.schedules import LTR_DECODERS
+from packedss.decoding.schedules import LTR_DECODERS, _draft_shape, _packed_shape
 from packedss.models.batched import BatchedCalls
 from packedss.models.nemotron import load_nemotron
 from packedss.paths import PROJECT_ROOT
@@ -37,7 +40,7 @@ def test_the_two_pass_argmax_and_top2_equal_torchs_with_ties(vocabulary):
         assert torch.equal(greedy.top2, logits.topk(2, dim=-1).values)
 
 
-@pytest.mark.parametrize("schedule", ["linear", "packed"])
+@pytest.mark.parametrize("schedule", ["ar", "linear", "quadratic", "packed"])
 def test_a_greedy_round_reads_back_once(schedule, monkeypatch):
     """At T = 0 every request's verification (and prefill token) of a round is one read-back;
     beyond that only each response's near-ties are read, once, when it ends."""
@@ -122,3 +125,104 @@ def test_packed_ss_takes_a_greedy_rounds_argmax_once(monkeypatch):
         assert list(emitted) == list(alone)
         assert proposals.positions == ahead.positions
         assert torch.equal(proposals.tokens.tensor(), ahead.tokens)
+
+
+def _drafts_as(kind: str, drafts: torch.Tensor, spans: list[tuple[int, int]]) -> list:
+    """Each request's drafts (its span of `drafts`) as the engine may hand them over: Rows with
+    their values read back, Rows of one source without values, or tensors."""
+    if kind == "values":
+        return [Rows(drafts, a, b, drafts[a:b].tolist()) for a, b in spans]
+    if kind == "rows":
+        return [Rows(drafts, a, b) for a, b in spans]
+    return [drafts[a:b].clone() for a, b in spans]
+
+
+@pytest.mark.parametrize("kind", ["values", "rows", "tensors"])
+@pytest.mark.parametrize("whole", [True, False])
+def test_a_greedy_verification_on_the_host_equals_verify(kind, whole):
+    """Each request's emitted tokens, its last token and the near-tie flags of its deciding rows
+    equal `verify` alone, for drafts that agree for a while and then do not (every h from 0 to m,
+    m from 0 to W), whether the round's argmax was taken whole or row by row."""
+    width, vocabulary = 6, 256
+    generator = torch.Generator().manual_seed(5 + whole)
+    counts = [m for m in range(width + 1) for _ in range(3)]
+    block = width + 1 + (0 if whole else 40)  # rows no step asks for: the argmax is then row by row
+    logits = torch.randn(len(counts) * block, vocabulary, generator=generator)
+    logits[0, :2] = logits[0].max() + 1  # a tie at the top of request 0's deciding row: a near-tie
+    argmax = logits.argmax(dim=-1)
+    drafts, spans = [], []
+    for k, m in enumerate(counts):
+        agree = (m, max(m - 1, 0), 0)[k % 3]  # the first `agree` drafts pass
+        tokens = argmax[k * block : k * block + m].clone()
+        tokens[agree:] = (tokens[agree:] + 1) % vocabulary
+        spans.append((len(drafts), len(drafts) + m))
+        drafts += tokens.tolist()
+    drafts = torch.tensor(drafts)
+    greedy = Sampling(0.0, "rejection", None)
+    args = [(Rows(logits, k * block, k * block + m + 1), d, None, greedy)
+            for k, (m, d) in enumerate(zip(counts, _drafts_as(kind, drafts, spans)))]  # fmt: skip
+    batched_ops.end_round()
+    read, finish = batched_ops.BATCHED[verify.verify](args, torch.device("cpu"))
+    results = finish(read.tolist())
+    batched_ops.end_round()
+    for (rows, own, _, sampling), emitted in zip(args, results):
+        alone = verify.verify(rows.tensor(), own if torch.is_tensor(own) else own.tensor(), None, sampling)
+        assert list(emitted) == list(alone)
+        assert emitted.last.values == alone[-1:] and emitted.last.tensor().tolist() == alone[-1:]
+        top2 = rows.tensor()[: len(alone)].topk(2, dim=-1).values
+        margin = top2[:, 0] - top2[:, 1]
+        assert emitted.deciding.margins.tensor().tolist() == margin.tolist()
+        assert emitted.deciding.near == (margin <= verify.near_tie_threshold(top2[:, 0], torch.float32)).long().tolist()
+    assert results[0].deciding.near == [1]
+    assert sorted({len(e) - 1 for e in results}) == list(range(width + 1))  # every h was taken
+
+
+def test_rows_keep_their_values_when_sliced():
+    source = torch.arange(10, 20)
+    rows = Rows(source, 2, 8, source[2:8].tolist())
+    assert rows[1:4].values == [13, 14, 15] and rows[1:4].tensor().tolist() == [13, 14, 15]
+    assert Rows(source, 2, 8)[1:4].values is None
+
+
+def test_a_call_whose_parts_were_read_back_is_built_on_the_host():
+    """A shape's call of parts that all have values (or are its mask runs) is Listed, and builds
+    the call the same parts give on the device; a part without values keeps it Planned."""
+    device = torch.device("cpu")
+    tokens = torch.tensor([7, 8, 9, 10, 11])
+    for shape, parts in [(_draft_shape(4, 99, device), lambda last, drafts, s: [last, *s.masks]),
+                         (_packed_shape(2, 4, 99, True, device), lambda last, drafts, s: [last, drafts, s.masks[0], last, s.masks[1]])]:  # fmt: skip
+        last, drafts = Rows(tokens, 4, 5, [11]), Rows(tokens, 0, 2, [7, 8])
+        listed = shape.call(parts(last, drafts, shape), 30)
+        planned = shape.call(parts(last.tensor(), drafts.tensor(), shape), 30)
+        assert type(listed) is Listed and type(planned) is Planned
+        built, expected = listed.build(), planned.build()
+        assert torch.equal(built.tokens, expected.tokens) and torch.equal(built.positions, expected.positions)
+        assert type(shape.call(parts(Rows(tokens, 4, 5), drafts, shape), 30)) is Planned
+
+
+@pytest.mark.parametrize("schedule", ["ar", "linear", "packed"])
+def test_a_greedy_rounds_calls_are_built_on_the_host(schedule):
+    """After their first iteration, every call of a greedy AR, Linear-SS or Packed-SS request is
+    built from the host integers the rounds read back: a batched round is one copy, no gather."""
+    model = load_nemotron(PROJECT_ROOT / "assets" / "models" / "tiny", dtype="float32")
+    greedy = Sampling(0.0, "rejection", None)
+    prompts = [[5, 17, 33, 8, 91, 12, 7], [9, 4], [61, 62, 63]]
+    settings = [LTRSettings(schedule, 4, 12, (), greedy) for _ in prompts]
+    decoder = schedule_named(LTR_DECODERS, schedule)
+    executor = BatchedCalls(model, 3)
+    kinds: list[list[type]] = []
+
+    batch = engine._Engine.batch
+
+    def recorded(self, slots):
+        kinds.append([type(slot.op) for slot in slots])
+        return batch(self, slots)
+
+    engine._Engine.batch = recorded
+    try:
+        requests = [Request(k, lambda m, k=k: Response(m, prompts[k], settings[k], None, decoder)) for k in range(3)]
+        list(decode_batched(executor, requests, 3))
+    finally:
+        engine._Engine.batch = batch
+    later = [kind for round_kinds in kinds[3:] for kind in round_kinds]  # past prefill and a first iteration
+    assert later and all(kind is Listed for kind in later), kinds

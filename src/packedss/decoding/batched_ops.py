@@ -17,7 +17,9 @@ and the SDAR steps (packedss.decoding.block_steps) add their batched forms to BA
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -59,7 +61,7 @@ class _Greedy:
     a row is the larger of its best block's second largest and the other blocks' largest."""
 
     def __init__(self, logits: torch.Tensor):
-        self.logits, self._top2 = logits, None
+        self.logits = logits
         count, vocabulary = logits.shape
         self.blocked = vocabulary % BLOCK == 0 and vocabulary >= 2 * BLOCK
         if not self.blocked:
@@ -74,37 +76,61 @@ class _Greedy:
         self.first = self.inner.max(dim=-1, keepdim=True).indices
         self.tokens = self.best * BLOCK + self.first[:, 0]
 
+    @functools.cached_property
+    def top_two(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every row's largest and second largest entry."""
+        if not self.blocked:
+            top2 = self.logits.topk(2, dim=-1).values
+            return top2[:, 0], top2[:, 1]
+        minimum = float("-inf")
+        second = torch.maximum(self.inner.scatter(1, self.first, minimum).amax(dim=-1),
+                               self.block_max.scatter(1, self.best[:, None], minimum).amax(dim=-1))  # fmt: skip
+        return self.top, second
+
     @property
     def top2(self) -> torch.Tensor:
-        if self._top2 is None:
-            if not self.blocked:
-                self._top2 = self.logits.topk(2, dim=-1).values
-            else:
-                minimum = float("-inf")
-                second = torch.maximum(self.inner.scatter(1, self.first, minimum).amax(dim=-1),
-                                       self.block_max.scatter(1, self.best[:, None], minimum).amax(dim=-1))  # fmt: skip
-                self._top2 = torch.stack([self.top, second], dim=1)
-        return self._top2
+        """`topk(2).values` of every row."""
+        return torch.stack(self.top_two, dim=1)
+
+    @functools.cached_property
+    def margins(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every row's top-2 margin and near-tie flag (`_margins`), taken once per pass."""
+        return _top_margins(*self.top_two, self.logits.dtype)
 
 
 def _margins(top2: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's top-2 margin (float32) and 1 where it is a near-tie (long, to be read back with
     the round's results): NearTies.read's rule, taken here once for every request's rows (`dtype`
     is the logits')."""
-    top2 = top2.float()
-    margin = top2[:, 0] - top2[:, 1]
-    return margin, (margin <= near_tie_threshold(top2[:, 0], dtype)).long()
+    return _top_margins(top2[:, 0], top2[:, 1], dtype)
+
+
+def _top_margins(top: torch.Tensor, second: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """`_margins` of the rows' largest entries `top` and second largest `second`."""
+    top = top.float()
+    margin = top - second.float()
+    return margin, (margin <= near_tie_threshold(top, dtype)).long()
 
 
 # [logits, its _Greedy or None] of the round whose steps ask for its rows: its _Greedy when the
 # first step took its rows whole, None when it took them row by row.
 _last: list = [None, None]
+# Whether a wave of the round in progress has read back (the engine's `read_back`): a step whose
+# read-back is only a saving (greedy proposals, `_proposals`) reads in a round's first wave only,
+# so that a round still reads back once.
+_read: list[bool] = [False]
 
 
 def end_round() -> None:
     """Forget the round's logits before the next batched call (a round's logits can be most of a
     device's free memory: 1152 rows of a 131k vocabulary are 0.6 GB in float32)."""
     _last[:] = [None, None]
+    _read[0] = False
+
+
+def read_back() -> None:
+    """A wave of the round read back."""
+    _read[0] = True
 
 
 def _round_greedy(rows: Sequence) -> _Greedy | None:
@@ -122,27 +148,26 @@ def _round_greedy(rows: Sequence) -> _Greedy | None:
     return _last[1]
 
 
-def _greedy(rows: Sequence, device: torch.device) -> tuple[torch.Tensor, tuple]:
-    """The argmax of every row of `rows` (Rows or tensors of logits), and their near-tie margins
-    and flags (`_margins`, docs/records.md)."""
+class _Decided(NamedTuple):
+    """The argmax, top-2 margin and near-tie flag of a step's rows, and where each request's rows
+    start among them: the whole round's, with no gather, when the round's argmax was taken whole
+    (`_round_greedy`), else those of the requests' rows concatenated."""
+
+    tokens: torch.Tensor
+    margin: torch.Tensor
+    near: torch.Tensor
+    starts: list[int]
+
+
+def _decided(rows: Sequence, device: torch.device) -> _Decided:
+    """The _Decided of `rows` (Rows or tensors of logits, docs/records.md for the margins)."""
     greedy = _round_greedy(rows)
-    if greedy is None:
+    if greedy is not None:
+        starts = [r.start for r in rows]
+    else:
         greedy = _Greedy(concatenated(rows, device))
-        return greedy.tokens, _margins(greedy.top2, greedy.logits.dtype)
-    if _every_row(rows, greedy.logits.shape[0]):  # e.g. AR's and Linear-SS's verifications: no gather
-        return greedy.tokens, _margins(greedy.top2, greedy.logits.dtype)
-    index = ranges([r.start for r in rows], [r.stop - r.start for r in rows], device)
-    return greedy.tokens.index_select(0, index), _margins(greedy.top2.index_select(0, index), greedy.logits.dtype)
-
-
-def _every_row(rows: Sequence[Rows], count: int) -> bool:
-    """Whether `rows` are the `count` rows of their source, in order."""
-    end = 0
-    for r in rows:
-        if r.start != end:
-            return False
-        end = r.stop
-    return end == count
+        starts = _offsets([len(r) for r in rows])
+    return _Decided(greedy.tokens, *greedy.margins, starts)
 
 
 def _argmaxes(rows: Sequence, device: torch.device) -> tuple[torch.Tensor, list[int]]:
@@ -167,15 +192,19 @@ def _first_tokens(args: Sequence[tuple], device: torch.device) -> tuple[torch.Te
     if not args[0][-1].greedy:
         probs, uniform = _sampled([a[0] for a in args], args, [1] * len(args), device)
         drawn = inverse_cdf(probs, uniform)
-        return drawn, lambda values: [Emitted([values[k]], Rows(drawn, k, k + 1)) for k in range(len(args))]
-    tokens, (margin, near) = _greedy([a[0] for a in args], device)
-    requests = len(args)
+        return drawn, lambda values: [Emitted([values[k]], Rows(drawn, k, k + 1, [values[k]])) for k in range(len(args))]
+    decided = _decided([a[0] for a in args], device)
+    flags = decided.tokens.shape[0]  # where the near-tie flags start among the values read
 
     def finish(values: list[int]) -> list:
-        return [Emitted([values[k]], Rows(tokens, k, k + 1), DecidedMargins(Rows(margin, k, k + 1), values[requests + k : requests + k + 1]))
-                for k in range(requests)]  # fmt: skip
+        out = []
+        for start in decided.starts:
+            token = values[start : start + 1]
+            deciding = DecidedMargins(Rows(decided.margin, start, start + 1), values[flags + start : flags + start + 1])
+            out.append(Emitted(token, Rows(decided.tokens, start, start + 1, token), deciding))
+        return out
 
-    return torch.cat([tokens, near]), finish
+    return torch.cat([decided.tokens, decided.near]), finish
 
 
 def _drafted(args: Sequence[tuple], device: torch.device) -> tuple[torch.Tensor, torch.Tensor | None, list[int]]:
@@ -190,9 +219,15 @@ def _drafted(args: Sequence[tuple], device: torch.device) -> tuple[torch.Tensor,
     return inverse_cdf(probs, uniform), probs, _offsets(counts)
 
 
-def _proposals(args: Sequence[tuple], device: torch.device) -> tuple[None, Finish]:
+def _proposals(args: Sequence[tuple], device: torch.device) -> tuple[torch.Tensor | None, Finish]:
+    """`propose` of every request. Greedy, in a round's first wave (Linear-SS's), the proposals
+    are read back (their Rows get values), so that the next call is built on the host
+    (packedss.decoding.calls.Listed); after a wave that read (Quadratic-SS's verification), they
+    stay on the device."""
     counts = [len(a[0]) for a in args]
     tokens, probs, starts = _drafted(args, device)
+    if probs is None and not _read[0]:
+        return tokens, lambda values: [(Rows(tokens, s, s + c, values[s : s + c]), None) for s, c in zip(starts, counts)]
     return None, lambda values: [(Rows(tokens, s, s + c), None if probs is None else Rows(probs, s, s + c))
                                  for s, c in zip(starts, counts)]  # fmt: skip
 
@@ -209,30 +244,60 @@ def _prefixes(accept: torch.Tensor, counts: Sequence[int], device: torch.device)
 
 
 def _verifications(args: Sequence[tuple], device: torch.device) -> tuple[torch.Tensor, Finish]:
-    """`verify` of each request's m drafts with its m + 1 verifier rows: the accepted prefix h of
-    every request from one comparison over all of their drafts. Greedy, read back: every h, then
-    every verifier row's token, then its near-tie flag."""
+    """`verify` of each request's m drafts with its m + 1 verifier rows. Greedy: the verifier rows'
+    tokens and near-tie flags are read back (`_greedy_verifications`), and each request's accepted
+    prefix h is found on the host."""
     sampling = args[0][-1]
     if not sampling.greedy:
         return (_matched if sampling.rule == "match" else _rejected)(args, device)
+    _, read, finish = _greedy_verifications(args, device)
+    return read, finish
+
+
+def _draft_values(drafts: Sequence, device: torch.device) -> tuple[torch.Tensor | None, Callable[[list[int], int], list[list[int]]]]:
+    """Each request's drafts as host integers: their own `values` when a read-back gave them
+    (Rows.values), else read back with the round: the whole of their one source (no gather) or
+    their rows concatenated. Returns the tensor to read (None: nothing) and `lists(values, at)`,
+    each request's drafts from the values read, the tensor's first at index `at`."""
+    if all(type(d) is Rows and d.values is not None for d in drafts):
+        return None, lambda values, at: [d.values for d in drafts]
+    first = drafts[0]
+    source = first.source if type(first) is Rows else None
+    if source is not None and all(type(d) is Rows and d.source is source for d in drafts):
+        starts = [d.start for d in drafts]
+        read = source
+    else:
+        starts = _offsets([len(d) for d in drafts])
+        read = concatenated(drafts, device)
+    return read, lambda values, at: [values[at + s : at + s + len(d)] for s, d in zip(starts, drafts)]
+
+
+def _greedy_verifications(args: Sequence[tuple], device: torch.device) -> tuple[_Decided, torch.Tensor, Finish]:
+    """`verify` of every request's drafts (args[k][1]) by its verifier rows (args[k][0]) at T = 0.
+    Read back: the verifier rows' tokens and near-tie flags (`_decided`: the whole round's when it
+    was taken whole), then the drafts where they have no values yet (`_draft_values`). A request
+    accepts its drafts while they equal its verifier rows' tokens, and emits those and one more."""
+    decided = _decided([a[0] for a in args], device)
     drafts = [a[1] for a in args]
-    counts = [len(d) for d in drafts]
-    requests = len(args)
-    verified, (margin, near) = _greedy([a[0] for a in args], device)
-    starts = _offsets([c + 1 for c in counts])
-    agree = verified.index_select(0, ranges(starts, counts, device)) == concatenated(drafts, device)
-    accepted = _prefixes(agree, counts, device)
-    flags = requests + verified.shape[0]  # where the flags start among the values read
+    draft_read, draft_lists = _draft_values(drafts, device)
+    flags = decided.tokens.shape[0]  # where the near-tie flags start among the values read
+    read = [decided.tokens, decided.near] if draft_read is None else [decided.tokens, decided.near, draft_read]
 
     def finish(values: list[int]) -> list:
         out = []
-        for k, start in enumerate(starts):
-            end = start + values[k] + 1  # the h accepted drafts and one more token
-            deciding = DecidedMargins(Rows(margin, start, end), values[flags + start : flags + end])
-            out.append(Emitted(values[requests + start : requests + end], Rows(verified, end - 1, end), deciding))
+        for start, proposed in zip(decided.starts, draft_lists(values, 2 * flags)):
+            end = start
+            for token in proposed:
+                if values[end] != token:
+                    break
+                end += 1
+            end += 1  # the h accepted drafts and one more token
+            emitted = values[start:end]
+            deciding = DecidedMargins(Rows(decided.margin, start, end), values[flags + start : flags + end])
+            out.append(Emitted(emitted, Rows(decided.tokens, end - 1, end, emitted[-1:]), deciding))
         return out
 
-    return torch.cat([accepted, verified, near]), finish
+    return decided, torch.cat(read), finish
 
 
 def _matched(args: Sequence[tuple], device: torch.device) -> tuple[torch.Tensor, Finish]:
@@ -340,19 +405,26 @@ def _verified_ahead(args: Sequence[tuple], device: torch.device) -> tuple[torch.
     """`verify_ahead` of every request: its verification, then its draft rows' proposals, each a
     batched step of its own (so a request's uniforms are drawn in the plain function's order).
     Greedy, the round's argmax is taken whole or not by the rows of both steps (a request's
-    verifier rows alone are a fifth of its call), so it is taken once."""
-    if args[0][-1].greedy:
+    verifier rows alone are a fifth of its call), so it is taken once; when whole, the
+    verification reads it back whole, so the proposals come with their values (Rows.values) and
+    the next call is built on the host."""
+    greedy = args[0][-1].greedy
+    verifications = [(a[0], a[1], a[2], a[-1]) for a in args]
+    if greedy:
         _round_greedy([a[0] for a in args] + [a[3] for a in args])
-    read, verified = _verifications([(a[0], a[1], a[2], a[-1]) for a in args], device)
+        decided, read, verified = _greedy_verifications(verifications, device)
+    else:
+        read, verified = _verifications(verifications, device)
     widths = [len(a[3]) for a in args]
     tokens, probs, starts = _drafted([(a[3], a[-1]) for a in args], device)
+    known = greedy and tokens is decided.tokens  # the proposals are among the values read (first)
 
     def finish(values: list[int]) -> list:
         out = []
         for emitted, a, start, width in zip(verified(values), args, starts, widths):
             first, taken = a[4], min(len(emitted), width)  # the emitted tokens took the draft's first positions
             begin, end = start + taken, start + width
-            proposals = Proposals(list(range(first + taken, first + width)), Rows(tokens, begin, end),
+            proposals = Proposals(list(range(first + taken, first + width)), Rows(tokens, begin, end, values[begin:end] if known else None),
                                   None if probs is None else Rows(probs, begin, end))  # fmt: skip
             out.append((emitted, proposals))
         return out

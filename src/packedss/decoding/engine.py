@@ -31,7 +31,7 @@ from typing import Any, NamedTuple, Protocol
 
 import torch
 
-from packedss.decoding.batched_ops import BATCHED, end_round
+from packedss.decoding.batched_ops import BATCHED, end_round, read_back
 from packedss.decoding.calls import Call, Layout, Listed, Planned
 from packedss.decoding.driver import FrozenHeap, Host, Response
 from packedss.decoding.rows import Rows, concatenated, materialized, shifted, uploaded
@@ -184,7 +184,10 @@ class _Engine:
             launched.append((members, finish, 0 if read is None else len(read)))
             if read is not None:
                 reads.append(read)
-        values = (reads[0] if len(reads) == 1 else torch.cat(reads)).tolist() if reads else []
+        values = []
+        if reads:
+            values = (reads[0] if len(reads) == 1 else torch.cat(reads)).tolist()
+            read_back()
         start = 0
         for members, finish, size in launched:
             self.advance_all(members, finish(values if len(launched) == 1 else values[start : start + size]))

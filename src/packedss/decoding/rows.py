@@ -12,12 +12,14 @@ import torch
 
 class Rows:
     """Rows start..stop of `source` (a round's logits, tokens, or top-2 logits), standing for
-    `source[start:stop]`. A decoder slices it as it would slice that tensor (`rows[1:]`, `len`)."""
+    `source[start:stop]`. A decoder slices it as it would slice that tensor (`rows[1:]`, `len`).
+    `values`: the rows as host integers, when the round read them back (a round's tokens), else
+    None; a call whose token parts all have them is built on the host (packedss.decoding.calls)."""
 
-    __slots__ = ("source", "start", "stop")
+    __slots__ = ("source", "start", "stop", "values")
 
-    def __init__(self, source: torch.Tensor, start: int, stop: int):
-        self.source, self.start, self.stop = source, start, stop
+    def __init__(self, source: torch.Tensor, start: int, stop: int, values: list[int] | None = None):
+        self.source, self.start, self.stop, self.values = source, start, stop, values
 
     def __len__(self) -> int:
         return self.stop - self.start
@@ -26,7 +28,9 @@ class Rows:
         start, stop, step = index.indices(self.stop - self.start)
         if step != 1:
             raise IndexError("Rows take contiguous slices only")
-        return Rows(self.source, self.start + start, self.start + max(start, stop))
+        stop = max(start, stop)
+        values = None if self.values is None else self.values[start:stop]
+        return Rows(self.source, self.start + start, self.start + stop, values)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -39,7 +43,8 @@ class Rows:
 def sliced(value, start: int, stop: int):
     """Rows start..stop of a tensor (a view) or of Rows (Rows)."""
     if type(value) is Rows:
-        return Rows(value.source, value.start + start, value.start + stop)
+        values = None if value.values is None else value.values[start:stop]
+        return Rows(value.source, value.start + start, value.start + stop, values)
     return value[start:stop]
 
 

@@ -18,6 +18,7 @@ from packedss.decoding.calls import (
     Call,
     CallModel,
     Layout,
+    Listed,
     Planned,
     Role,
     Rule,
@@ -37,7 +38,7 @@ from packedss.decoding.driver import (
     schedule_named,
     verify_ahead,
 )
-from packedss.decoding.rows import uploaded
+from packedss.decoding.rows import Rows, uploaded
 from packedss.decoding.trace import Decoded, StopCheck
 from packedss.decoding.verify import first_token, last_token, propose, verify
 
@@ -53,8 +54,30 @@ class _Shape:
     offsets: torch.Tensor
     masks: tuple[torch.Tensor, ...]
 
-    def call(self, tokens: list, position: int) -> Planned:
-        return Planned(self.layout, self.offsets, tokens, position)
+    def call(self, tokens: list, position: int) -> Planned | Listed:
+        """The call of token parts `tokens` (Rows, tensors, and the shape's mask runs, in row
+        order) at n = `position`: Listed, on the host, when the round read every part back (in a
+        batch: Rows with values), so that the engine copies it with the round's other listed
+        calls; else Planned."""
+        ids: list[int] = []
+        for part in tokens:
+            if type(part) is Rows and part.values is not None:
+                ids += part.values
+                continue
+            # Alone (C = 1) the first part, the last token, is a tensor: a Planned call, and the
+            # shape's host integers are never read.
+            run = self.host[1].get(id(part)) if ids else None
+            if run is None:
+                return Planned(self.layout, self.offsets, tokens, position)
+            ids += run
+        ids += map(position.__add__, self.host[0])
+        return Listed(self.layout, ids, 0)
+
+    @functools.cached_property
+    def host(self) -> tuple[list[int], dict[int, list[int]]]:
+        """The offsets, and each mask run by its tensor's id, as host integers: read once per shape,
+        by its first call (on a CUDA device, a synchronization of that call alone)."""
+        return self.offsets.tolist(), {id(mask): mask.tolist() for mask in self.masks}
 
 
 @functools.lru_cache(maxsize=64)

@@ -164,12 +164,15 @@ class Meter:
 
     def _spread_shares(self) -> None:
         """The per-call lists (rows, requests, the model's statistics) of the calls shared so far."""
-        for rows, useful, requests, batch_rows, stats in self._shares:
-            self.rows_evaluated.append(rows)
-            self.rows_useful.append(useful)
-            self.call_requests.append(requests)
-            self.call_batch_rows.append(stats.get("call_batch_rows", batch_rows))
-            for name, value in stats.items():
+        if not self._shares:
+            return
+        rows, useful, requests, batch_rows, stats = zip(*self._shares)
+        self.rows_evaluated += rows
+        self.rows_useful += useful
+        self.call_requests += requests
+        self.call_batch_rows += [own.get("call_batch_rows", rows) for own, rows in zip(stats, batch_rows)]
+        for own in stats:
+            for name, value in own.items():
                 if name not in BATCH_STATS:
                     self.call_stats.setdefault(name, []).append(value)
         self._shares.clear()
