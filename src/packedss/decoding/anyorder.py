@@ -23,7 +23,7 @@ import torch
 from packedss.decoding.batched_anyorder import Propose, Proposed, Verify, runs_of, set_round
 from packedss.decoding.calls import Call, CallModel, Layout, Listed, Role, Segment, layout_of, pack
 from packedss.decoding.driver import AnyOrderSettings, Decoder, Host, Steps, drive, schedule_named
-from packedss.decoding.rows import Rows, sliced
+from packedss.decoding.rows import Rows
 from packedss.decoding.trace import Decoded, StopCheck
 
 
@@ -183,7 +183,7 @@ class _SetDecoder(Decoder):
 
     def clean_rows(self, count: int):
         """The last call's first `count` clean tokens on the device (the drafts it verifies)."""
-        return sliced(self.call.uploaded, self.written, self.written + count)
+        return self.call.uploaded[self.written : self.written + count]
 
     def run_window(self, kind: str, prefix: list[tuple[int, int]], window: list[int]) -> Steps:
         """A call of the prefix and one mask query per window position, seeing the prefix only;

@@ -256,20 +256,13 @@ def _verifications(args: Sequence[tuple], device: torch.device) -> tuple[torch.T
 
 def _draft_values(drafts: Sequence, device: torch.device) -> tuple[torch.Tensor | None, Callable[[list[int], int], list[list[int]]]]:
     """Each request's drafts as host integers: their own `values` when a read-back gave them
-    (Rows.values), else read back with the round: the whole of their one source (no gather) or
-    their rows concatenated. Returns the tensor to read (None: nothing) and `lists(values, at)`,
+    (Rows.values), else read back with the round, their rows concatenated (a view, no gather,
+    when they are one run of one source's rows). Returns the tensor to read (None: nothing) and `lists(values, at)`,
     each request's drafts from the values read, the tensor's first at index `at`."""
     if all(type(d) is Rows and d.values is not None for d in drafts):
         return None, lambda values, at: [d.values for d in drafts]
-    first = drafts[0]
-    source = first.source if type(first) is Rows else None
-    if source is not None and all(type(d) is Rows and d.source is source for d in drafts):
-        starts = [d.start for d in drafts]
-        read = source
-    else:
-        starts = _offsets([len(d) for d in drafts])
-        read = concatenated(drafts, device)
-    return read, lambda values, at: [values[at + s : at + s + len(d)] for s, d in zip(starts, drafts)]
+    starts = _offsets([len(d) for d in drafts])
+    return concatenated(drafts, device), lambda values, at: [values[at + s : at + s + len(d)] for s, d in zip(starts, drafts)]
 
 
 def _greedy_verifications(args: Sequence[tuple], device: torch.device) -> tuple[_Decided, torch.Tensor, Finish]:

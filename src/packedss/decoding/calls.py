@@ -15,7 +15,7 @@ from typing import NamedTuple, Protocol
 
 import torch
 
-from packedss.decoding.rows import uploaded
+from packedss.decoding.rows import Rows, uploaded
 
 
 class Role(enum.IntEnum):
@@ -220,18 +220,23 @@ class Listed:
     """A call of a shared layout whose tokens and positions are still host integers: `ids` holds
     its R tokens, then its R positions. It is copied to the device when it runs: alone by `build`,
     one copy per call; in a batch by the engine (packedss.decoding.engine), one copy for every
-    listed call of the round. Either way `uploaded` is then its tokens on the device (a tensor
-    alone, Rows of the round's copy in a batch), which the decoder may slice (its drafts)."""
+    listed call of the round. Either way its tokens are then rows `start`.. of `copy`, and
+    `uploaded` names them, for a decoder to slice (its drafts)."""
 
-    __slots__ = ("layout", "ids", "read_from", "uploaded")
+    __slots__ = ("layout", "ids", "read_from", "copy", "start")
 
     def __init__(self, layout: Layout, ids: list[int], read_from: int):
         self.layout, self.ids, self.read_from = layout, ids, read_from
-        self.uploaded = None
+        self.copy: torch.Tensor | None = None
+        self.start = 0
+
+    @property
+    def uploaded(self) -> Rows:
+        """Its tokens on the device: Rows of the copy that holds them."""
+        return Rows(self.copy, self.start, self.start + (len(self.ids) >> 1))
 
     def build(self) -> Call:
         rows, layout = len(self.ids) >> 1, self.layout
-        ids = uploaded(self.ids, layout.roles.device)
-        self.uploaded = ids[:rows]
-        return Call(self.uploaded, ids[rows:], layout.roles, layout.attend, useful=layout.useful, drafts=layout.drafts,
-                    read_from=self.read_from, rule=layout.rule)  # fmt: skip
+        self.copy, self.start = uploaded(self.ids, layout.roles.device), 0
+        return Call(self.copy[:rows], self.copy[rows:], layout.roles, layout.attend, useful=layout.useful,
+                    drafts=layout.drafts, read_from=self.read_from, rule=layout.rule)  # fmt: skip

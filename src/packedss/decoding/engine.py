@@ -264,25 +264,24 @@ class _Engine:
             half = copy.shape[0] // 2
             for token_place, position_place, op in listed:
                 tokens[token_place] = op.uploaded
-                positions[position_place] = Rows(copy, half + op.uploaded.start, half + op.uploaded.stop)
+                positions[position_place] = Rows(copy, half + op.start, half + op.start + (len(op.ids) >> 1))
         position_ids = shifted(concatenated(positions, device), shifts, [e.rows for e in entries], device)
         return CallBatch(entries, concatenated(tokens, device), position_ids)
 
     @staticmethod
     def upload(listed: list[Listed], device: torch.device) -> torch.Tensor:
         """Copy the ids of every call of `listed` to the device at once: all of their tokens, then
-        all of their positions. Each call's `uploaded` becomes its tokens' Rows of the copy."""
+        all of their positions. Each call's tokens are then its rows of the copy (Listed.copy, .start)."""
         host_tokens: list[int] = []
         host_positions: list[int] = []
-        begins = []
         for op in listed:
             rows = len(op.ids) >> 1
-            begins.append(len(host_tokens))
+            op.start = len(host_tokens)
             host_tokens += op.ids[:rows]
             host_positions += op.ids[rows:]
         copy = uploaded(host_tokens + host_positions, device)
-        for op, begin in zip(listed, begins):
-            op.uploaded = Rows(copy, begin, begin + (len(op.ids) >> 1))
+        for op in listed:
+            op.copy = copy
         return copy
 
     def result(self, slot: _Slot) -> Decoded:

@@ -40,14 +40,6 @@ class Rows:
         return self.source[self.start : self.stop]
 
 
-def sliced(value, start: int, stop: int):
-    """Rows start..stop of a tensor (a view) or of Rows (Rows)."""
-    if type(value) is Rows:
-        values = None if value.values is None else value.values[start:stop]
-        return Rows(value.source, value.start + start, value.start + stop, values)
-    return value[start:stop]
-
-
 def materialized(value):
     """A Rows as the tensor it stands for; anything else as it is."""
     return value.tensor() if type(value) is Rows else value

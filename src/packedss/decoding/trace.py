@@ -170,7 +170,7 @@ class Meter:
         self.rows_evaluated += rows
         self.rows_useful += useful
         self.call_requests += requests
-        self.call_batch_rows += [own.get("call_batch_rows", rows) for own, rows in zip(stats, batch_rows)]
+        self.call_batch_rows += [own.get("call_batch_rows", total) for own, total in zip(stats, batch_rows)]
         for own in stats:
             for name, value in own.items():
                 if name not in BATCH_STATS:
