@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import getpass
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -43,6 +44,17 @@ class Cluster:
         """{job id: (state, reason)} of the jobs named `name`, ended ones included."""
         lines = self.command("squeue", "--noheader", "--array", "--states=all", f"--name={name}", "--format=%i|%T|%r")
         return {job: (state, reason) for job, state, reason in (line.split("|") for line in lines.split())}
+
+    def daemon_log(self, job_id: str) -> str:
+        """What the controller's and the node's logs say of job `job_id`, to tell why it ended as
+        it did (the cluster's folder is removed when the session ends)."""
+        said = re.compile(rf"(JobId=|job |StepId=|\[){re.escape(job_id)}\b")
+        lines = []
+        for name in ("slurmctld.log", "slurmd.log"):
+            path = self.folder / "log" / name
+            if path.exists():
+                lines += [f"{name}: {line}" for line in path.read_text(errors="replace").splitlines() if said.search(line)]
+        return "\n".join(lines[-60:])
 
     def restarts(self, job_id: str) -> int:
         fields = self.command("scontrol", "show", "job", job_id).split()

@@ -115,8 +115,9 @@ class Sweep:
         except subprocess.TimeoutExpired:
             status = f"still running after {DEADLINE_S} s"
         self.mark("ended")
+        job = self.facts.get("job")
         return {"status": status, "stderr": (self.folder / "stderr").read_text(), "folder": str(self.folder),
-                **self.facts}  # fmt: skip
+                "daemon_log": self.cluster.daemon_log(job) if job else "", **self.facts}  # fmt: skip
 
     def end(self) -> None:
         if self.process.poll() is None:
@@ -268,7 +269,8 @@ def attempts(records: list[dict]) -> list[int]:
 def job_logs(run: dict) -> str:
     """The tails of the sweep's job logs (submitit's, one pair per job run), to say why a job failed."""
     logs = sorted(Path(run["folder"]).glob("multirun/.submitit/*/*_log.*"))
-    return "".join(f"\n--- {path.name}:\n{path.read_text(errors='replace')[-1500:]}" for path in logs)
+    logs = "".join(f"\n--- {path.name}:\n{path.read_text(errors='replace')[-1500:]}" for path in logs)
+    return logs + (f"\n--- the cluster's daemons on its job:\n{run['daemon_log']}" if run.get("daemon_log") else "")
 
 
 def assert_completed(run: dict) -> None:
