@@ -5,6 +5,8 @@ shape (the only compile in the suite)."""
 from __future__ import annotations
 
 import logging
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -235,3 +237,12 @@ def test_a_failing_compile_is_one_clear_error(checkpoint):
     model.commit(0)
     with pytest.raises(PackedSSError, match=r"torch.compile failed on the 1-row call \(RuntimeError: InvalidCxx.*g\+\+"):
         model.run(call)
+
+
+def test_an_eager_job_does_not_import_the_compiler():
+    """Inductor's compiler (torch._inductor.compile_fx, about a second of every process's start) is
+    imported by the first compilation, not by the modules every job imports."""
+    probe = ("import sys, packedss.runner, packedss.models.executors, packedss.models.static; "
+             "print(sorted(m for m in sys.modules if m.startswith('torch._inductor.compile_fx')))")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stdout + done.stderr[-2000:]

@@ -44,7 +44,6 @@ from typing import Callable
 
 import torch
 from torch import nn
-from torch._inductor.compile_fx import compile_fx
 from transformers import PreTrainedModel, StaticCache
 
 from packedss.decoding.calls import Call
@@ -203,6 +202,9 @@ class StaticCalls(GraphAdmission):
     def _inductor(self, graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
         """torch.compile's inductor backend with this path's options; every call of the compiled
         graph leaves the graph, its input tensors and its outputs in `_last_graph`."""
+        # Imported here: inductor's compiler takes a second to import, which an eager job never needs.
+        from torch._inductor.compile_fx import compile_fx
+
         compiled = compile_fx(graph, example_inputs, config_patches=self._options)
 
         def run(*args):
