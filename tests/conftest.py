@@ -168,6 +168,7 @@ def pytest_sessionfinish(session, exitstatus):
 class GpuDryRun:
     report: dict  # the summary, gpu_check.json
     unrehearsed: str  # why the run is not the empty environment's ("": it is)
+    site: Path | None = None  # where the run installed the wheels (None: unrehearsed)
 
 
 @pytest.fixture(scope="session")
@@ -184,7 +185,7 @@ def gpu_dry_run(tmp_path_factory) -> GpuDryRun:
         own = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         return GpuDryRun(dry_run(tmp_path, sys.executable, own), unrehearsed=environment)
     python, env = environment
-    return GpuDryRun(dry_run(tmp_path, python, env), unrehearsed="")
+    return GpuDryRun(dry_run(tmp_path, python, env), unrehearsed="", site=Path(env["SITE"]))
 
 
 @pytest.fixture

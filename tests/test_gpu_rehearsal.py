@@ -115,3 +115,14 @@ def test_the_check_runs_from_an_empty_environment_with_only_the_image_and_the_wh
     # the venv holds the image's transformers 5.17.0; the kit's, on PYTHONPATH first, is the one imported
     assert versions["transformers"] == version("transformers") and versions["transformers"].startswith("5.24")
     assert versions["hydra-core"] == version("hydra-core") and versions["omegaconf"] == version("omegaconf")
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("gpu-dry-run")
+def test_the_steps_compile_the_wheels_sources_once_though_bytecode_writing_is_off(gpu_dry_run):
+    """The run had PYTHONDONTWRITEBYTECODE=1, as many images do; the wheels come without .pyc (pip
+    --no-compile). The first step's bytecode is kept, so the later steps do not compile
+    transformers again (about 9 s of CPU a step)."""
+    if gpu_dry_run.unrehearsed:
+        pytest.skip(gpu_dry_run.unrehearsed)
+    assert list((gpu_dry_run.site / "transformers" / "__pycache__").glob("modeling_utils.*.pyc"))
