@@ -37,7 +37,7 @@ def test_the_two_pass_argmax_and_top2_equal_torchs_with_ties(vocabulary):
             logits[torch.arange(rows), (at + vocabulary // 2 + 1) % vocabulary] = 9.0
         greedy = _Greedy(logits)
         assert torch.equal(greedy.tokens, logits.argmax(dim=-1))
-        assert torch.equal(greedy.top2, logits.topk(2, dim=-1).values)
+        assert torch.equal(torch.stack(greedy.top_two, dim=1), logits.topk(2, dim=-1).values)
 
 
 @pytest.mark.parametrize("schedule", ["ar", "linear", "quadratic", "packed"])

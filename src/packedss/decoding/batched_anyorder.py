@@ -28,7 +28,7 @@ from typing import NamedTuple
 
 import torch
 
-from packedss.decoding.batched_ops import BATCHED, Finish, _Greedy, _margins, _sampled
+from packedss.decoding.batched_ops import BATCHED, Finish, _Greedy, _sampled
 from packedss.decoding.rows import Rows, concatenated, materialized, ranges
 from packedss.decoding.verify import (
     DecidedMargins,
@@ -175,7 +175,9 @@ def _greedy_rounds(args: Sequence[tuple], device: torch.device) -> tuple[torch.T
     read = [tokens]
     deciding = any(type(part) is Verify or part.decides for *_, part in wave.owners)
     if deciding:
-        margin, near = _margins(greedy.top2.index_select(0, index) if whole else greedy.top2, source.dtype)
+        margin, near = greedy.margins
+        if whole:
+            margin, near = margin.index_select(0, index), near.index_select(0, index)
         read.append(near)
     confident = [(begin, end) for _, _, begin, end, part in wave.owners if type(part) is Propose and part.confident]
     if confident:

@@ -87,26 +87,16 @@ class _Greedy:
                                self.block_max.scatter(1, self.best[:, None], minimum).amax(dim=-1))  # fmt: skip
         return self.top, second
 
-    @property
-    def top2(self) -> torch.Tensor:
-        """`topk(2).values` of every row."""
-        return torch.stack(self.top_two, dim=1)
-
     @functools.cached_property
     def margins(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Every row's top-2 margin and near-tie flag (`_margins`), taken once per pass."""
-        return _top_margins(*self.top_two, self.logits.dtype)
+        return _margins(*self.top_two, self.logits.dtype)
 
 
-def _margins(top2: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's top-2 margin (float32) and 1 where it is a near-tie (long, to be read back with
-    the round's results): NearTies.read's rule, taken here once for every request's rows (`dtype`
-    is the logits')."""
-    return _top_margins(top2[:, 0], top2[:, 1], dtype)
-
-
-def _top_margins(top: torch.Tensor, second: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """`_margins` of the rows' largest entries `top` and second largest `second`."""
+def _margins(top: torch.Tensor, second: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's top-2 margin (float32) from its largest entry `top` and second largest `second`,
+    and 1 where it is a near-tie (long, to be read back with the round's results): NearTies.read's
+    rule, taken here once for every request's rows (`dtype` is the logits')."""
     top = top.float()
     margin = top - second.float()
     return margin, (margin <= near_tie_threshold(top, dtype)).long()
