@@ -29,10 +29,16 @@ turn of wall time over its rounds. That is the host work alone, on caches no for
 far less with the machine's load than the figures above. A replayed decode that does not make the
 recorded decode's calls, or emits other tokens, is an error.
 
+`--phases` adds a line per schedule and C > 1: that level's host CPU ms per round split by the
+batch engine's phases (packedss.benchmark.phases: the call's assembly, the batched steps' launch
+and finish, the decoders' own Python, the meters' shares, the rest), from `--repeats` more
+decodes with the phases timed, the one of least host CPU time per round.
+
     python scripts/bench_concurrency.py --schedules linear,packed --concurrency 1,16,64
     python scripts/bench_concurrency.py --schedules linear,packed --concurrency 1,16,64 --temperature 1
     python scripts/bench_concurrency.py --model tiny-set --schedules linear,packed --order ltr
     python scripts/bench_concurrency.py --schedules linear,packed --concurrency 1,16,64 --replay
+    python scripts/bench_concurrency.py --schedules linear,packed --concurrency 1,64 --phases
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
+from packedss.benchmark.phases import PHASES, engine_phases  # noqa: E402
 from packedss.benchmark.replay import BatchReplay, Replay, recording  # noqa: E402
 from packedss.benchmark.schedules import BenchSettings, load  # noqa: E402
 from packedss.decoding.trace import RecordingModel  # noqa: E402
@@ -107,6 +114,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=number(int, 1), default=5, help="turns of every level; each keeps its least")
     ap.add_argument("--replay", action="store_true",
                     help="also time the host work alone: the decodes replayed on recorded logits, no forward pass")  # fmt: skip
+    ap.add_argument("--phases", action="store_true", help="also split each C > 1's host CPU time per round by the engine's phases")
     args = ap.parse_args(argv)
     if args.model not in MODELS:
         ap.error(f"unknown --model {args.model}{closest(args.model, MODELS)}; valid: {', '.join(MODELS)}")
@@ -196,6 +204,12 @@ def main(argv=None) -> int:
         print(f"{schedule}: model us per evaluated row {row_cells} (C={top}/C={below}: {rows[top] / rows[below]:.2f}); "
               f"host CPU ms per round {cpu_cells} (C={top}/C=1: {least_cpu[top] / least_cpu[1]:.1f}); "
               f"host ms per round {cells}; host ms per round C={top}/C=1: {least[top] / least[1]:.1f}")  # fmt: skip
+        if args.phases:
+            for concurrency in levels[1:]:
+                round_ms, phase_ms = phases_ms(lambda: decode(prompts, concurrency), model_cpu, args.repeats)
+                cells = ", ".join(f"{phase} {phase_ms[phase]:.3f}" for phase in PHASES)
+                print(f"{schedule}: C={concurrency} host CPU ms per round by phase: {cells}, the rest "
+                      f"{round_ms - sum(phase_ms.values()):.3f} (round {round_ms:.3f})")  # fmt: skip
         if args.replay:
             replayed = replayed_host_ms(decode, prompts, levels, args.repeats, adapter, executors)
             cells = ", ".join(f"C={c} {replayed[c]:.3f}" for c in levels)
@@ -209,6 +223,21 @@ def batched_calls(outs) -> float:
     """The batched calls (rounds) the responses `outs` made: each call is shared by the requests
     it carried (at C = 1, every call is one)."""
     return sum(1 / requests for out in outs for requests in out.call_requests)
+
+
+def phases_ms(decode, model_cpu: ModelCPU, repeats: int) -> tuple[float, dict[str, float]]:
+    """Of `repeats` decodes (`decode()`) with the engine's phases timed, the one of least host CPU
+    time per round: that time and each phase's, in ms per round on the main thread's CPU clock."""
+    least = (float("inf"), {})
+    for _ in range(repeats):
+        with engine_phases() as ns:
+            before_model, started = model_cpu.ns, time.thread_time_ns()
+            outs = decode()
+            cpu_ns = time.thread_time_ns() - started - (model_cpu.ns - before_model)
+        rounds = batched_calls(outs)
+        if cpu_ns / rounds / 1e6 < least[0]:
+            least = (cpu_ns / rounds / 1e6, {phase: ns[phase] / rounds / 1e6 for phase in PHASES})
+    return least
 
 
 def replayed_host_ms(decode, prompts, levels, repeats, adapter, executors) -> dict[int, float]:

@@ -1,21 +1,25 @@
 """Host work per round: the heap is frozen while decodes run (packedss.decoding.driver.FrozenHeap),
 at C = 1 and in a batch, and unfrozen when the last one ends, however it ends; a batched greedy
 response without near-ties reads nothing back when it ends; scripts/bench_concurrency.py prints
-its regime and the ratio line of each schedule."""
+its regime and the ratio line of each schedule, and with --phases a round's host time split by the
+engine's phases (packedss.benchmark.phases), each phase holding its own work only."""
 
 from __future__ import annotations
 
 import gc
 import re
 import runpy
+import time
 
 import pytest
 import torch
 
+from packedss.benchmark.phases import PHASES, engine_phases
 from packedss.decoding import LTRSettings, Sampling, decode_ltr
 from packedss.decoding.driver import Response, schedule_named
 from packedss.decoding.engine import Request, decode_batched
 from packedss.decoding.schedules import LTR_DECODERS
+from packedss.decoding.verify import verify
 from packedss.models.batched import BatchedCalls
 from packedss.models.nemotron import load_nemotron
 from packedss.paths import PROJECT_ROOT
@@ -175,3 +179,86 @@ def test_bench_concurrency_replays_the_host_work_alone(capsys):
     one, three = float(found.group(1)), float(found.group(2))
     assert 0 < one and 0 < three
     assert float(found.group(3)) == pytest.approx(three / one, rel=0.05, abs=0.06)
+
+
+def _burn(seconds: float) -> None:
+    """Spend `seconds` of this thread's CPU time."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+
+
+def test_engine_phases_put_each_piece_of_a_round_in_its_own_phase():
+    """A decoder's stop check runs in its own Python, a batched verification's launch and finish in
+    theirs: CPU time added to one of them lands in that phase alone (packedss.benchmark.phases)."""
+    from packedss.decoding import batched_ops
+
+    counts = {"stop checks": 0, "verification waves": 0}
+
+    def slow_stop(tokens, new):
+        counts["stop checks"] += 1
+        _burn(0.002)
+        return None
+
+    decoder = schedule_named(LTR_DECODERS, "linear")
+    requests = [Request(k, lambda m, k=k: Response(m, [1, 2, 3][: 1 + k], LTRSettings("linear", 3, 6, (), GREEDY),
+                                                   slow_stop, decoder))
+                for k in range(3)]  # fmt: skip
+    verifications = batched_ops.BATCHED[verify]
+
+    def slow_verifications(args, device):
+        counts["verification waves"] += 1
+        _burn(0.003)
+        read, finish = verifications(args, device)
+        return read, lambda values: _burn(0.001) or finish(values)
+
+    list(decode_batched(_ToyBatch(3), _toy_requests(3), 3))  # first calls' set-up (layouts, ops) out of the way
+    batched_ops.BATCHED[verify] = slow_verifications
+    try:
+        with engine_phases() as ns:
+            list(decode_batched(_ToyBatch(3), requests, 3))
+    finally:
+        batched_ops.BATCHED[verify] = verifications
+    assert set(ns) == set(PHASES)
+    ms = {phase: ns[phase] / 1e6 for phase in PHASES}
+    stops, waves = counts["stop checks"], counts["verification waves"]
+    assert stops >= 6 and waves >= 2
+    # each phase holds its added work, and less than 3 ms besides (the toy decode's own work)
+    assert 2 * stops <= ms["decoders' own Python"] < 2 * stops + 3
+    assert 3 * waves <= ms["batched steps' launch"] < 3 * waves + 3
+    assert waves <= ms["their finish"] < waves + 3
+    assert ms["call assembly"] + ms["meters' shares"] < 2
+
+
+def test_engine_phases_restore_the_engine_when_the_block_ends():
+    from packedss.decoding import batched_ops
+    from packedss.decoding.engine import _Engine
+    from packedss.decoding.trace import Meter
+
+    before = (_Engine.batch, _Engine.advance_all, Meter.share, dict(batched_ops.BATCHED))
+    with pytest.raises(RuntimeError, match="fell over"):
+        with engine_phases():
+            assert _Engine.batch is not before[0] and batched_ops.BATCHED[verify] is not before[3][verify]
+            list(decode_batched(_ToyBatch(3, fail_at=2), _toy_requests(5), 3))
+    assert (_Engine.batch, _Engine.advance_all, Meter.share, dict(batched_ops.BATCHED)) == before
+
+
+def test_bench_concurrency_splits_a_round_by_phase(capsys):
+    """--phases adds a line per schedule and C > 1 whose phases and rest add up to its round."""
+    bench = runpy.run_path(str(PROJECT_ROOT / "scripts" / "bench_concurrency.py"))
+    threads = torch.get_num_threads()
+    try:
+        status = bench["main"](["--schedules", "linear", "--concurrency", "1,2,3", "--limit", "3", "--repeats", "1",
+                                "--phases"])  # fmt: skip
+    finally:
+        torch.set_num_threads(threads)
+    assert status == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "by phase" in line]
+    assert [line.split(" host")[0] for line in lines] == ["linear: C=2", "linear: C=3"]
+    for line in lines:
+        body, round_ms = re.fullmatch(r".* by phase: (.*) \(round ([\d.]+)\)", line).groups()
+        cells = dict(cell.rsplit(" ", 1) for cell in body.split(", "))
+        assert list(cells) == [*PHASES, "the rest"], line
+        values = [float(value) for value in cells.values()]
+        assert all(value > 0 for value in values[: len(PHASES)])
+        assert sum(values) == pytest.approx(float(round_ms), abs=0.004)
