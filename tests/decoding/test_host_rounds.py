@@ -103,15 +103,20 @@ def test_a_batched_response_without_near_ties_reads_nothing_back_when_it_ends(mo
     assert len(counts) <= len(calls), (counts, len(calls))  # one per round (the first call's none)
 
 
-def test_bench_concurrency_prints_its_regime_and_a_ratio_line_per_schedule(capsys):
+
+def bench_concurrency(capsys, args: list[str]) -> list[str]:
+    """scripts/bench_concurrency.py's output lines for `args` (it must succeed)."""
     bench = runpy.run_path(str(PROJECT_ROOT / "scripts" / "bench_concurrency.py"))
     threads = torch.get_num_threads()
     try:
-        status = bench["main"](["--schedules", "linear,ar", "--concurrency", "2,1", "--limit", "3", "--repeats", "2"])
+        assert bench["main"](args) == 0
     finally:
         torch.set_num_threads(threads)
-    assert status == 0
-    lines = capsys.readouterr().out.splitlines()
+    return capsys.readouterr().out.splitlines()
+
+
+def test_bench_concurrency_prints_its_regime_and_a_ratio_line_per_schedule(capsys):
+    lines = bench_concurrency(capsys, ["--schedules", "linear,ar", "--concurrency", "2,1", "--limit", "3", "--repeats", "2"])
     assert re.match(r"regime: tiny, arith, 3 questions, W=8, greedy, eager calls, float32, 1 intra-op thread\(s\), "
                     r"cpu \(.+, \d+ cores\), torch .+, 2 turns per level, load average [\d.]+ at the start$", lines[0])  # fmt: skip
     number = r"([\d.]+)"
@@ -165,15 +170,8 @@ def test_a_rounds_logits_are_let_go_before_the_next_batched_call(schedule):
 def test_bench_concurrency_replays_the_host_work_alone(capsys):
     """--replay adds a line per schedule: each level's host ms per round with the recorded logits
     replayed, no forward pass (scripts/bench_concurrency.py), and its ratio."""
-    bench = runpy.run_path(str(PROJECT_ROOT / "scripts" / "bench_concurrency.py"))
-    threads = torch.get_num_threads()
-    try:
-        status = bench["main"](["--schedules", "packed", "--concurrency", "1,3", "--limit", "4", "--repeats", "2",
-                                "--replay"])  # fmt: skip
-    finally:
-        torch.set_num_threads(threads)
-    assert status == 0
-    lines = capsys.readouterr().out.splitlines()
+    lines = bench_concurrency(capsys, ["--schedules", "packed", "--concurrency", "1,3", "--limit", "4", "--repeats", "2",
+                                       "--replay"])  # fmt: skip
     (line,) = [line for line in lines if line.startswith("packed: replayed host ms per round (no forward pass) ")]
     found = re.search(r"C=1 ([\d.]+), C=3 ([\d.]+); C=3/C=1: ([\d.]+)$", line)
     one, three = float(found.group(1)), float(found.group(2))
@@ -245,15 +243,8 @@ def test_engine_phases_restore_the_engine_when_the_block_ends():
 
 def test_bench_concurrency_splits_a_round_by_phase(capsys):
     """--phases adds a line per schedule and C > 1 whose phases and rest add up to its round."""
-    bench = runpy.run_path(str(PROJECT_ROOT / "scripts" / "bench_concurrency.py"))
-    threads = torch.get_num_threads()
-    try:
-        status = bench["main"](["--schedules", "linear", "--concurrency", "1,2,3", "--limit", "3", "--repeats", "1",
-                                "--phases"])  # fmt: skip
-    finally:
-        torch.set_num_threads(threads)
-    assert status == 0
-    lines = [line for line in capsys.readouterr().out.splitlines() if "by phase" in line]
+    args = ["--schedules", "linear", "--concurrency", "1,2,3", "--limit", "3", "--repeats", "1", "--phases"]
+    lines = [line for line in bench_concurrency(capsys, args) if "by phase" in line]
     assert [line.split(" host")[0] for line in lines] == ["linear: C=2", "linear: C=3"]
     for line in lines:
         body, round_ms = re.fullmatch(r".* by phase: (.*) \(round ([\d.]+)\)", line).groups()
