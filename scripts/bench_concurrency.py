@@ -121,6 +121,8 @@ def main(argv=None) -> int:
     levels = sorted(set(args.concurrency))
     if levels[0] != 1:
         ap.error(f"--concurrency {','.join(map(str, levels))} lacks 1, the reference of the ratio; add it")
+    if args.phases and len(levels) == 1:
+        ap.error("--phases splits the rounds of a C > 1, but --concurrency holds only 1; add a C > 1 (e.g. 1,64)")
     torch.set_num_threads(args.threads)
 
     cfg, adapter, tokenizer, label = load(BenchSettings(model=args.model, task=args.task), torch.device("cpu"), "float32")

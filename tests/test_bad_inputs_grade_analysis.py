@@ -213,6 +213,7 @@ def test_plan_lists_each_invalid_job_on_its_own_line(tmp_path):
     ("bench_concurrency.py", ["--concurrency", "16,64"], "--concurrency 16,64 lacks 1, the reference of the ratio"),
     ("bench_concurrency.py", ["--concurrency", "1,0"], "argument --concurrency: expected an integer >= 1, got '0'"),
     ("bench_concurrency.py", ["--schedules", "linear,packd"], "--schedules: unknown packd for the nemotron family; valid: ar,"),
+    ("bench_concurrency.py", ["--concurrency", "1", "--phases"], "--phases splits the rounds of a C > 1, but --concurrency holds only 1"),
     ("check_decode.py", ["--json", "x.json", "--widths", "8,0"], "argument --widths: expected an integer >= 1, got '0'"),
     ("check_decode.py", ["--json", "x.json", "--dtype", "bf16"], "argument --dtype: invalid choice: 'bf16'"),
     ("check_decode.py", ["--json", "nowhere/x.json", "--device", "cpu"], "its directory does not exist"),
