@@ -103,7 +103,6 @@ def test_a_batched_response_without_near_ties_reads_nothing_back_when_it_ends(mo
     assert len(counts) <= len(calls), (counts, len(calls))  # one per round (the first call's none)
 
 
-
 def bench_concurrency(capsys, args: list[str]) -> list[str]:
     """scripts/bench_concurrency.py's output lines for `args` (it must succeed)."""
     bench = runpy.run_path(str(PROJECT_ROOT / "scripts" / "bench_concurrency.py"))
@@ -186,7 +185,7 @@ def _burn(seconds: float) -> None:
         pass
 
 
-def test_engine_phases_put_each_piece_of_a_round_in_its_own_phase():
+def test_engine_phases_put_each_piece_of_a_round_in_its_own_phase(monkeypatch):
     """A decoder's stop check runs in its own Python, a batched verification's launch and finish in
     theirs: CPU time added to one of them lands in that phase alone (packedss.benchmark.phases)."""
     from packedss.decoding import batched_ops
@@ -206,26 +205,24 @@ def test_engine_phases_put_each_piece_of_a_round_in_its_own_phase():
 
     def slow_verifications(args, device):
         counts["verification waves"] += 1
-        _burn(0.003)
+        _burn(0.006)
         read, finish = verifications(args, device)
-        return read, lambda values: _burn(0.001) or finish(values)
+        return read, lambda values: _burn(0.006) or finish(values)
 
     list(decode_batched(_ToyBatch(3), _toy_requests(3), 3))  # first calls' set-up (layouts, ops) out of the way
-    batched_ops.BATCHED[verify] = slow_verifications
-    try:
-        with engine_phases() as ns:
-            list(decode_batched(_ToyBatch(3), requests, 3))
-    finally:
-        batched_ops.BATCHED[verify] = verifications
+    monkeypatch.setitem(batched_ops.BATCHED, verify, slow_verifications)
+    with engine_phases() as ns:
+        list(decode_batched(_ToyBatch(3), requests, 3))
     assert set(ns) == set(PHASES)
     ms = {phase: ns[phase] / 1e6 for phase in PHASES}
     stops, waves = counts["stop checks"], counts["verification waves"]
     assert stops >= 6 and waves >= 2
-    # each phase holds its added work, and less than 3 ms besides (the toy decode's own work)
-    assert 2 * stops <= ms["decoders' own Python"] < 2 * stops + 3
-    assert 3 * waves <= ms["batched steps' launch"] < 3 * waves + 3
-    assert waves <= ms["their finish"] < waves + 3
-    assert ms["call assembly"] + ms["meters' shares"] < 2
+    # Each phase holds its added work, and less than 5 ms besides (the toy decode's own work, about
+    # 1 ms here), while work leaking from another phase would add at least 6 ms.
+    assert 2 * stops <= ms["decoders' own Python"] < 2 * stops + 5
+    assert 6 * waves <= ms["batched steps' launch"] < 6 * waves + 5
+    assert 6 * waves <= ms["their finish"] < 6 * waves + 5
+    assert ms["call assembly"] + ms["meters' shares"] < 5
 
 
 def test_engine_phases_restore_the_engine_when_the_block_ends():
