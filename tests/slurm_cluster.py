@@ -61,8 +61,10 @@ class Cluster:
         return int(next(field for field in fields if field.startswith("Restarts=")).split("=")[1])
 
     def release(self, job_id: str, *updates: str) -> None:
-        """Start a requeued job now: SLURM holds it back for two minutes (its BeginTime)."""
-        self.command("scontrol", "update", f"JobId={job_id}", "StartTime=now", *updates)
+        """Start a requeued job two seconds from now: SLURM holds it back for two minutes (its
+        BeginTime) because the requeue revokes the job's credential, to the second; a run launched
+        within that same second is refused ("Job credential revoked") and the job ends FAILED."""
+        self.command("scontrol", "update", f"JobId={job_id}", "StartTime=now+2", *updates)
 
 
 def _script(folder: Path, command: str) -> subprocess.CompletedProcess:
