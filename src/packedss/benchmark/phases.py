@@ -59,14 +59,18 @@ def engine_phases() -> Iterator[Counter]:
     """`with engine_phases() as ns:` the main thread's CPU nanoseconds in each of PHASES while the
     block runs (the module docstring says what each one holds)."""
     ns: Counter = Counter()
-    saved = {"batch": _Engine.batch, "advance_all": _Engine.advance_all, "share": Meter.share}
+    saved = {"batch": _Engine.batch, "advance_all": _Engine.advance_all, "step_lanes": _Engine.step_lanes,
+             "readout": _Engine.readout, "share": Meter.share}  # fmt: skip
     steps = dict(BATCHED)
     _Engine.batch = _timed(saved["batch"], "call assembly", ns)
     _Engine.advance_all = _timed(saved["advance_all"], "decoders' own Python", ns)
+    _Engine.step_lanes = _timed(saved["step_lanes"], "decoders' own Python", ns)
+    _Engine.readout = staticmethod(_timed(saved["readout"], "batched steps' launch", ns))
     Meter.share = _timed(saved["share"], "meters' shares", ns)
     BATCHED.update({function: _timed_step(launch, ns) for function, launch in steps.items()})
     try:
         yield ns
     finally:
-        _Engine.batch, _Engine.advance_all, Meter.share = saved["batch"], saved["advance_all"], saved["share"]
+        _Engine.batch, _Engine.advance_all, _Engine.step_lanes = saved["batch"], saved["advance_all"], saved["step_lanes"]
+        _Engine.readout, Meter.share = staticmethod(saved["readout"]), saved["share"]
         BATCHED.update(steps)

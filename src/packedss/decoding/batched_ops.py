@@ -82,15 +82,28 @@ class _Greedy:
         if not self.blocked:
             top2 = self.logits.topk(2, dim=-1).values
             return top2[:, 0], top2[:, 1]
-        minimum = float("-inf")
-        second = torch.maximum(self.inner.scatter(1, self.first, minimum).amax(dim=-1),
-                               self.block_max.scatter(1, self.best[:, None], minimum).amax(dim=-1))  # fmt: skip
-        return self.top, second
+        return self.top, _second(self.inner, self.first, self.block_max, self.best)
 
     @functools.cached_property
     def margins(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Every row's top-2 margin and near-tie flag (`_margins`), taken once per pass."""
         return _margins(*self.top_two, self.logits.dtype)
+
+    def margins_of(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The `margins` of the rows `index` alone."""
+        if not self.blocked:
+            top2 = self.logits.index_select(0, index).topk(2, dim=-1).values
+            return _margins(top2[:, 0], top2[:, 1], self.logits.dtype)
+        second = _second(self.inner.index_select(0, index), self.first.index_select(0, index),
+                         self.block_max.index_select(0, index), self.best.index_select(0, index))  # fmt: skip
+        return _margins(self.top.index_select(0, index), second, self.logits.dtype)
+
+
+def _second(inner: torch.Tensor, first: torch.Tensor, block_max: torch.Tensor, best: torch.Tensor) -> torch.Tensor:
+    """Each row's second largest entry: the larger of its best block's second largest (`inner`,
+    its largest at `first`) and the other blocks' largest (`block_max`, the best at `best`)."""
+    minimum = float("-inf")
+    return torch.maximum(inner.scatter(1, first, minimum).amax(dim=-1), block_max.scatter(1, best[:, None], minimum).amax(dim=-1))
 
 
 def _margins(top: torch.Tensor, second: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:

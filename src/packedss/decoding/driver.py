@@ -227,15 +227,21 @@ def _steps(model: CallModel, decoder: Decoder, prompt_tokens: int) -> Steps:
             accepted.append(decoder.produced - before[0])
             drafted.append(decoder.draft_proposed - before[1])
             accepted_drafts.append(decoder.draft_accepted - before[2])
-        emitter = decoder.emitter
-        # Produced tokens that are not in the output: cut by a stop, or produced beyond it.
-        truncated_tokens = decoder.produced - len(emitter.tokens)
-        extra = decoder.extra()
-        if decoder.ties is not None:
-            extra["near_ties"] = decoder.ties.read(len(emitter.tokens))
-        return decoder.meter.finish(emitter, prompt_tokens, accepted, drafted, accepted_drafts, truncated_tokens, extra)
+        return finished(decoder, prompt_tokens, accepted, drafted, accepted_drafts)
     finally:
         model.reset()
+
+
+def finished(decoder: Decoder, prompt_tokens: int, accepted: list[int], drafted: list[int],
+             accepted_drafts: list[int]) -> Decoded:  # fmt: skip
+    """The record of a decode that ended, from its decoder and its per-iteration counts."""
+    emitter = decoder.emitter
+    # Produced tokens that are not in the output: cut by a stop, or produced beyond it.
+    truncated_tokens = decoder.produced - len(emitter.tokens)
+    extra = decoder.extra()
+    if decoder.ties is not None:
+        extra["near_ties"] = decoder.ties.read(len(emitter.tokens))
+    return decoder.meter.finish(emitter, prompt_tokens, accepted, drafted, accepted_drafts, truncated_tokens, extra)
 
 
 class FrozenHeap:

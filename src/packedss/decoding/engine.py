@@ -34,6 +34,7 @@ import torch
 from packedss.decoding.batched_ops import BATCHED, end_round, read_back
 from packedss.decoding.calls import Call, Layout, Listed, Planned
 from packedss.decoding.driver import FrozenHeap, Host, Response
+from packedss.decoding.lockstep import Lane, Readout, steps_in_lockstep
 from packedss.decoding.rows import Rows, concatenated, materialized, shifted, uploaded
 from packedss.decoding.trace import Decoded
 
@@ -119,23 +120,32 @@ class SlotModel:
 
 
 class _Slot:
-    __slots__ = ("index", "request", "steps", "send", "meter", "rows", "op", "decoded", "host_s", "first_call_start",
-                 "last_call_end")  # fmt: skip
+    __slots__ = ("index", "request", "steps", "send", "meter", "rows", "lane", "op", "decoded", "host_s",
+                 "first_call_start", "last_call_end")  # fmt: skip
 
-    def __init__(self, index: int, request: Request, response: Response):
+    def __init__(self, index: int, request: Request, response: Response, lane: Lane | None):
         self.index, self.request = index, request
         self.steps, self.send, self.meter = response.steps, response.steps.send, response.meter
         self.rows = response.decoder.batched_steps  # its results as Rows (else as tensors)
+        self.lane = lane  # its flat state, stepped by the engine (else its coroutine runs)
         self.op = None
         self.decoded: Decoded | None = None
         self.host_s = 0.0
         self.first_call_start: float | None = None
         self.last_call_end = 0.0
 
+    def close(self) -> None:
+        """End its decode early, dropping its slot's cache."""
+        if self.lane is not None:
+            self.lane.close()
+        else:
+            self.steps.close()
+
 
 class _Engine:
-    def __init__(self, executor: BatchExecutor):
+    def __init__(self, executor: BatchExecutor, lockstep: bool = True):
         self.executor = executor
+        self.lockstep = lockstep  # greedy AR, Linear-SS and Packed-SS as Lanes (packedss.decoding.lockstep)
         self.excluded = 0.0  # time off the job's clock: the caller's, and a cost twin's deciding model's
         self.mark = self.now()  # the start of the host time not shared yet
         self.working: dict[int, _Slot] = {}  # the slots that worked since `mark`, by index
@@ -144,7 +154,13 @@ class _Engine:
         return time.perf_counter() - self.excluded
 
     def start(self, index: int, request: Request) -> _Slot:
-        slot = _Slot(index, request, request.start(SlotModel(self.executor, index)))
+        response = request.start(SlotModel(self.executor, index))
+        if self.lockstep and steps_in_lockstep(response.decoder):
+            slot = _Slot(index, request, response, Lane(response.decoder))
+            slot.op = slot.lane.call()
+            self.working[index] = slot
+            return slot
+        slot = _Slot(index, request, response, None)
         self.advance(slot, None)
         return slot
 
@@ -217,18 +233,45 @@ class _Engine:
         self.excluded += elapsed - charged
         ended = self.mark = self.now()
         entries, call_stats = batch.entries, executor.call_stats
-        requests, total, read, results = len(entries), batch.tokens.shape[0], 0, []
+        requests, total, read, results, lanes = len(entries), batch.tokens.shape[0], 0, [], []
         per_row = charged / total
         for slot, entry in zip(slots, entries):
             rows = entry.rows
             count = rows - entry.read_from
-            results.append(Rows(logits, read, read + count) if slot.rows else logits[read : read + count])
+            if slot.lane is not None:
+                lanes.append((slot, read, count))
+            else:
+                results.append(Rows(logits, read, read + count) if slot.rows else logits[read : read + count])
             read += count
             slot.meter.share(rows, entry.layout.useful, call_stats(entry.slot), requests, total, per_row * rows)
             if slot.first_call_start is None:
                 slot.first_call_start = started
             slot.last_call_end = ended
+        if lanes:
+            round_readout = self.readout(logits, [(start, slot.lane.deciding(count)) for slot, start, count in lanes])
+            round_readout.values = round_readout.read.tolist()
+            self.step_lanes(lanes, round_readout)
+            slots = [slot for slot in slots if slot.lane is None]
         self.advance_all(slots, results)
+
+    @staticmethod
+    def readout(logits: torch.Tensor, deciding: list[tuple[int, int]]) -> Readout:
+        """The round's argmax, and the near-tie flags and margins of its lanes' deciding rows
+        (`deciding`: each lane's first read row and its deciding rows), on the device."""
+        return Readout(logits, deciding)
+
+    def step_lanes(self, lanes: list[tuple[_Slot, int, int]], round_readout: Readout) -> None:
+        """Step each lane on its rows of the round (`(slot, first read row, rows read)`): its
+        next call, or its Decoded when it ended."""
+        working = self.working
+        for k, (slot, start, count) in enumerate(lanes):
+            working[slot.index] = slot
+            lane = slot.lane
+            decoded = lane.step(round_readout, start, count, k)
+            if decoded is None:
+                slot.op = lane.call()
+            else:
+                slot.op, slot.decoded = None, decoded
 
     def batch(self, slots: list[_Slot]) -> CallBatch:
         """The CallBatch of every slot's pending call, in a fixed number of tensor operations."""
@@ -292,15 +335,19 @@ class _Engine:
         return decoded
 
 
-def decode_batched(executor: BatchExecutor, requests: Iterable[Request], concurrency: int) -> Iterator[tuple[Request, Decoded]]:
+def decode_batched(executor: BatchExecutor, requests: Iterable[Request], concurrency: int,
+                   lockstep: bool = True) -> Iterator[tuple[Request, Decoded]]:  # fmt: skip
     """Decode `requests` at most `concurrency` at a time on `executor`'s slots (continuous
     batching); yields each (request, decoded) when it finishes, in the order they finish. Slot k
     of the executor serves one request at a time. An error in a decoder, or a signal, ends the
     batch and is raised here; closing the iterator early ends it too. Either way every unfinished
-    request's coroutine is closed, which drops its slot's cache."""
+    request's coroutine is closed, which drops its slot's cache. With `lockstep` (the default),
+    greedy AR, Linear-SS and Packed-SS requests are stepped on flat state
+    (packedss.decoding.lockstep), with the same records; without it every request runs as its
+    coroutine (the reference the lockstep tests compare with)."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
-    engine = _Engine(executor)
+    engine = _Engine(executor, lockstep)
     queue = iter(requests)
     slots: list[_Slot | None] = [None] * concurrency
     try:
@@ -334,4 +381,4 @@ def decode_batched(executor: BatchExecutor, requests: Iterable[Request], concurr
         end_round()
         for slot in slots:
             if slot is not None:
-                slot.steps.close()
+                slot.close()

@@ -15,7 +15,8 @@ def make_stop_check(tokenizer, stops: list[str]):
 
     def check(tokens, new):
         start = max(0, len(tokens) - new - lookback)
-        if not any(s in to_text(tokens[start:]) for s in stops):
+        text = to_text(tokens[start:])  # decoded once for every stop string
+        if not any(s in text for s in stops):
             return None
         for end in range(len(tokens) - new + 1, len(tokens) + 1):
             if any(s in to_text(tokens[start:end]) for s in stops):

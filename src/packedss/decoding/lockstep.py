@@ -1,0 +1,239 @@
+"""Greedy AR, Linear-SS and Packed-SS in a batch, each request stepped once per round on flat state.
+
+In a batch (packedss.decoding.engine) a request's decoder is its coroutine, the one it is alone:
+every round it resumes for each call's logits and for each Host step's result, and its results
+come as Rows, Emitted and Proposals, one object per request and step. At T = 0 these three
+schedules need none of that: every token a round decides is the argmax of a row, so one argmax of
+the round's rows, read back once, gives every request all it needs. A `Lane` is such a request:
+its decoder's state (position, emitter, meter, near-ties, counts) plus the kind of its next call,
+its last token and its drafts as host integers. After each batched call the engine takes the
+round's `Readout` and steps every lane on it (`Lane.step`), which builds the lane's next call on
+the host (a Listed call, copied with the round's others).
+
+A lane's decode is its coroutine's, step for step: the same calls, commits, emitted tokens,
+near-ties and per-iteration counts, so its record is the same (tests/decoding/test_lockstep.py
+holds them equal field by field, and the batch equal to C = 1). The coroutines remain the
+reference, and run every other schedule and temperature.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import torch
+
+from packedss.decoding.batched_ops import _Greedy
+from packedss.decoding.calls import Listed
+from packedss.decoding.driver import Decoder, finished
+from packedss.decoding.rows import Rows, uploaded
+from packedss.decoding.schedules import _AR, _Linear, _Packed, _causal_shape, _draft_shape, _packed_shape, _prefill_layout, _Shape
+from packedss.decoding.trace import Decoded
+from packedss.decoding.verify import DecidedMargins
+
+
+class Kind(enum.Enum):
+    """What a lane's next call is."""
+
+    PREFILL = "prefill"
+    AR = "ar"  # one row: the last token
+    DRAFT = "draft"  # Linear-SS's draft call: [last, W masks]
+    VERIFY = "verify"  # Linear-SS's verify call: [last, its W drafts], causal
+    PACKED = "packed"  # Packed-SS's call: verify rows, padding, draft block
+
+
+_AFTER_PREFILL = {_AR: Kind.AR, _Linear: Kind.DRAFT, _Packed: Kind.PACKED}
+
+
+def steps_in_lockstep(decoder: Decoder) -> bool:
+    """Whether `decoder`'s decode runs as a Lane: AR, Linear-SS or Packed-SS, greedy."""
+    return type(decoder) in _AFTER_PREFILL and decoder.settings.sampling.greedy
+
+
+class Readout:
+    """A round's logits read once: the argmax of every row and, for the rows that decide emitted
+    tokens whose near-ties are kept, their near-tie flags and top-2 margins (the coroutines'
+    batched steps' own, packedss.decoding.batched_ops). `read` is what the round reads back; the
+    engine reads it into `values`: the tokens, then from index `flags` the flags, lane k's from
+    `flags + offsets[k]` on. `margin` stays on the device (a near-tie's is kept as Rows of it)."""
+
+    __slots__ = ("read", "values", "flags", "offsets", "margin")
+
+    def __init__(self, logits: torch.Tensor, deciding: list[tuple[int, int]]):
+        """`deciding`: each lane's first read row and how many rows from it on decide tokens."""
+        greedy = _Greedy(logits)
+        self.values: list[int] = []
+        self.read, self.flags, self.offsets, self.margin = greedy.tokens, logits.shape[0], [], None
+        starts, counts = [start for start, _ in deciding], [count for _, count in deciding]
+        total = sum(counts)
+        if not total:
+            return
+        if 4 * total >= 3 * logits.shape[0]:  # most rows (Linear-SS's verification): all of them, no gather
+            self.margin, near = greedy.margins
+            self.offsets = starts
+        else:  # Packed-SS's verifier rows: a tenth of its calls' rows once most drafts are accepted
+            index: list[int] = []
+            for start, count in deciding:
+                self.offsets.append(len(index))
+                index += range(start, start + count)
+            self.margin, near = greedy.margins_of(uploaded(index, logits.device))
+        self.read = torch.cat([greedy.tokens, near])
+
+
+class Lane:
+    """One request's greedy decode with `decoder` (an AR, Linear-SS or Packed-SS Decoder that has
+    not started), as flat state: `call()` is its next call, `step(...)` takes that call's rows of
+    a round's Readout and returns its record when the decode ended (its slot's cache dropped)."""
+
+    __slots__ = ("decoder", "kind", "after_prefill", "last", "drafts", "accepted", "drafted", "accepted_drafts",
+                 "width", "masks", "draft_shape", "verify_shape", "packed_shapes", "ties")  # fmt: skip
+
+    def __init__(self, decoder: Decoder):
+        self.decoder = decoder
+        self.kind = Kind.PREFILL
+        self.after_prefill = _AFTER_PREFILL[type(decoder)]
+        self.last = 0
+        self.drafts: list[int] = []
+        self.accepted: list[int] = []
+        self.drafted: list[int] = []
+        self.accepted_drafts: list[int] = []
+        self.ties = decoder.ties
+        settings, model = decoder.settings, decoder.model
+        self.width = settings.width
+        self.masks = [model.mask_token_id] * settings.width
+        if self.after_prefill is Kind.AR:
+            self.verify_shape = _causal_shape(1, model.device)
+        elif self.after_prefill is Kind.DRAFT:
+            self.draft_shape = _draft_shape(settings.width, model.mask_token_id, model.device)
+            self.verify_shape = _causal_shape(settings.block, model.device)
+        else:
+            self.packed_shapes = decoder.shapes
+
+    def deciding(self, rows: int) -> int:
+        """How many of its call's `rows` read rows, from the first on, decide emitted tokens whose
+        near-ties are kept: its verifier rows, or the row of a first token (none in a draft call)."""
+        kind = self.kind
+        if self.ties is None or kind is Kind.DRAFT:
+            return 0
+        if kind is Kind.PACKED:
+            return len(self.drafts) + 1
+        return rows if kind is Kind.VERIFY else 1
+
+    def call(self) -> Listed:
+        """Its next call, built on the host."""
+        kind, last, position = self.kind, self.last, self.decoder.position
+        if kind is Kind.DRAFT:
+            return _listed(self.draft_shape, [last, *self.masks], position)
+        if kind is Kind.VERIFY:
+            return _listed(self.verify_shape, [last, *self.drafts], position)
+        if kind is Kind.PACKED:
+            drafts = self.drafts
+            shape = self.packed_shapes[len(drafts)]
+            padding = len(shape.host[0]) - len(drafts) - 2 - self.width
+            return _listed(shape, [last, *drafts, *self.masks[:padding], last, *self.masks], position)
+        if kind is Kind.AR:
+            return _listed(self.verify_shape, [last], position)
+        return self.prefill_call()
+
+    def prefill_call(self) -> Listed:
+        """The prompt's L rows; Packed-SS attaches its first draft block [x_{L-1}@L-1, MASK@L..L+W-1],
+        which sees the prompt before its anchor (schedules._Packed.prefill)."""
+        decoder = self.decoder
+        prompt, device = decoder.prompt, decoder.model.device
+        length = len(prompt)
+        if self.after_prefill is not Kind.PACKED:
+            _, layout = _prefill_layout(length, length, 0, 0, device)
+            return Listed(layout, [*prompt, *range(length)], length - 1)
+        rows = length + 1 + self.width
+        _, layout = _prefill_layout(length, rows, length - 1, length - 1, device)
+        return Listed(layout, [*prompt, prompt[-1], *self.masks, *range(length), *range(length - 1, length + self.width)], length - 1)
+
+    def step(self, readout: Readout, start: int, rows: int, lane: int) -> Decoded | None:
+        """Take its call's `rows` read rows, rows start.. of `readout` (its lane k = `lane`); its
+        record when it ended."""
+        kind, decoder, values = self.kind, self.decoder, readout.values
+        if kind is Kind.DRAFT:
+            decoder.model.commit(0)
+            self.drafts = values[start + 1 : start + rows]
+            self.kind = Kind.VERIFY
+            return None
+        if kind is Kind.PREFILL:
+            decoder.model.commit(len(decoder.prompt))
+            done = self.first(readout, start, lane)
+            if self.after_prefill is Kind.PACKED:
+                # Its draft rows propose for L..L+W-1; the first token took L (driver.proposals_ahead).
+                self.drafts = values[start + 3 : start + rows]
+            self.kind = self.after_prefill
+        elif kind is Kind.AR:
+            decoder.model.commit(1)
+            decoder.position += 1
+            done = self.first(readout, start, lane)
+            self.count(1, 0)
+        else:
+            done = self.verified(readout, start, rows, lane)
+        if not done:
+            return None
+        record = finished(decoder, len(decoder.prompt), self.accepted, self.drafted, self.accepted_drafts)
+        decoder.model.reset()
+        return record
+
+    def first(self, readout: Readout, start: int, lane: int) -> bool:
+        """Emit the token of row `start` (schedules._LTRDecoder.first)."""
+        decoder = self.decoder
+        token = readout.values[start : start + 1]
+        self.last = token[0]
+        self.note(readout, lane, [decoder.produced])
+        return decoder.emit(token)
+
+    def verified(self, readout: Readout, start: int, rows: int, lane: int) -> bool:
+        """Verify its drafts by the verifier rows from `start` (the h drafts equal to their rows'
+        argmax and one more token), commit and emit them (schedules._LTRDecoder.verified); a
+        Packed-SS call's last W rows propose the next drafts, less the positions emitted."""
+        decoder, values, drafts = self.decoder, readout.values, self.drafts
+        end = start
+        for token in drafts:
+            if values[end] != token:
+                break
+            end += 1
+        end += 1
+        emitted = values[start:end]
+        count, proposed = end - start, len(drafts)
+        if self.kind is Kind.PACKED:
+            self.drafts = values[start + rows - self.width + min(count, self.width) : start + rows]
+        else:
+            self.kind = Kind.DRAFT
+        self.last = emitted[-1]
+        self.note(readout, lane, range(decoder.produced, decoder.produced + count))
+        decoder.model.commit(count)
+        decoder.draft_proposed += proposed
+        decoder.draft_accepted += count - 1
+        decoder.position += count
+        self.count(count, proposed)
+        return decoder.emit(emitted)
+
+    def count(self, emitted: int, proposed: int) -> None:
+        """An iteration's counts: tokens emitted, drafts verified, drafts accepted."""
+        self.accepted.append(emitted)
+        self.drafted.append(proposed)
+        self.accepted_drafts.append(emitted - 1)
+
+    def note(self, readout: Readout, lane: int, indexes) -> None:
+        """The near-ties among its deciding rows (lane k = `lane` of `readout`), which decided
+        the tokens at output `indexes`, one row each."""
+        if self.ties is None:
+            return
+        start = readout.offsets[lane]
+        end = start + len(indexes)
+        flags = readout.values[readout.flags + start : readout.flags + end]
+        if 1 in flags:
+            self.ties.note(indexes, DecidedMargins(Rows(readout.margin, start, end), flags))
+
+    def close(self) -> None:
+        """Drop its slot's cache (a decode ended early)."""
+        self.decoder.model.reset()
+
+
+def _listed(shape: _Shape, tokens: list[int], position: int) -> Listed:
+    """The call of `shape` with `tokens` at n = `position`, on the host (schedules._Shape.call)."""
+    tokens += map(position.__add__, shape.host[0])
+    return Listed(shape.layout, tokens, 0)
+
