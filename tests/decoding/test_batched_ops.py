@@ -1,7 +1,8 @@
 """The batched host steps (packedss.decoding.batched_ops) give what the plain functions give each
-request: the two-pass argmax and top-2 equal torch's on rows with ties; a round reads back once;
-the near-tie threshold is frexp's; a greedy verification found on the host equals `verify`'s,
-whatever the drafts are; the calls after a greedy round's read-back are built on the host."""
+request: the two-pass argmax and top-2 equal torch's on rows with ties (some rows' margins alone
+equal theirs among all rows); a round reads back once; the near-tie threshold is frexp's; a greedy
+verification found on the host equals `verify`'s, whatever the drafts are; the calls after a
+greedy round's read-back are built on the host."""
 
 from __future__ import annotations
 
@@ -38,12 +39,18 @@ def test_the_two_pass_argmax_and_top2_equal_torchs_with_ties(vocabulary):
         greedy = _Greedy(logits)
         assert torch.equal(greedy.tokens, logits.argmax(dim=-1))
         assert torch.equal(torch.stack(greedy.top_two, dim=1), logits.topk(2, dim=-1).values)
+        # Some rows' margins alone (a Packed-SS round's verifier rows) are those rows' of all.
+        index = torch.randperm(rows, generator=generator)[: max(1, rows // 3)]
+        for alone, of_all in zip(greedy.margins_of(index), greedy.margins):
+            assert torch.equal(alone, of_all[index])
 
 
-@pytest.mark.parametrize("schedule", ["ar", "linear", "quadratic", "packed"])
-def test_a_greedy_round_reads_back_once(schedule, monkeypatch):
+@pytest.mark.parametrize("schedule, lockstep", [("ar", False), ("linear", False), ("quadratic", False), ("packed", False),
+                                               ("ar", True), ("linear", True), ("packed", True)])  # fmt: skip
+def test_a_greedy_round_reads_back_once(schedule, lockstep, monkeypatch):
     """At T = 0 every request's verification (and prefill token) of a round is one read-back;
-    beyond that only each response's near-ties are read, once, when it ends."""
+    beyond that only each response's near-ties are read, once, when it ends; as coroutines and as
+    lanes."""
     model = load_nemotron(PROJECT_ROOT / "assets" / "models" / "tiny", dtype="float32")
     greedy = Sampling(0.0, "rejection", None)
     prompts = [[5, 17, 33, 8, 91, 12, 7], [9, 4], [61, 62, 63], [7, 7, 7, 7, 7], [40, 41, 42], [100, 5]]
@@ -54,12 +61,12 @@ def test_a_greedy_round_reads_back_once(schedule, monkeypatch):
         return [Request(k, lambda m, k=k: Response(m, prompts[k], settings[k], None, decoder)) for k in range(len(prompts))]
 
     executor = BatchedCalls(model, 4)
-    list(decode_batched(executor, requests(), 4))  # layouts and biases built once
+    list(decode_batched(executor, requests(), 4, lockstep))  # layouts and biases built once
     calls = []
     run = executor.run
     executor.run = lambda batch: calls.append(len(batch.entries)) or run(batch)
     with counting_read_backs(monkeypatch) as counts:
-        finished = list(decode_batched(executor, requests(), 4))
+        finished = list(decode_batched(executor, requests(), 4, lockstep))
     assert len(counts) <= len(calls) + len(finished), (counts, calls)
     assert sum(calls) > 2 * len(calls)  # the rounds did carry several requests
 
@@ -200,10 +207,12 @@ def test_a_call_whose_parts_were_read_back_is_built_on_the_host():
         assert type(shape.call(parts(Rows(tokens, 4, 5), drafts, shape), 30)) is Planned
 
 
+@pytest.mark.parametrize("lockstep", [False, True])
 @pytest.mark.parametrize("schedule", ["ar", "linear", "packed"])
-def test_a_greedy_rounds_calls_are_built_on_the_host(schedule):
+def test_a_greedy_rounds_calls_are_built_on_the_host(schedule, lockstep):
     """After their first iteration, every call of a greedy AR, Linear-SS or Packed-SS request is
-    built from the host integers the rounds read back: a batched round is one copy, no gather."""
+    built from the host integers the rounds read back: a batched round is one copy, no gather
+    (as coroutines; lanes build every call so, their prefill too)."""
     model = load_nemotron(PROJECT_ROOT / "assets" / "models" / "tiny", dtype="float32")
     greedy = Sampling(0.0, "rejection", None)
     prompts = [[5, 17, 33, 8, 91, 12, 7], [9, 4], [61, 62, 63]]
@@ -221,8 +230,8 @@ def test_a_greedy_rounds_calls_are_built_on_the_host(schedule):
     engine._Engine.batch = recorded
     try:
         requests = [Request(k, lambda m, k=k: Response(m, prompts[k], settings[k], None, decoder)) for k in range(3)]
-        list(decode_batched(executor, requests, 3))
+        list(decode_batched(executor, requests, 3, lockstep))
     finally:
         engine._Engine.batch = batch
-    later = [kind for round_kinds in kinds[3:] for kind in round_kinds]  # past prefill and a first iteration
+    later = [kind for round_kinds in kinds[0 if lockstep else 3 :] for kind in round_kinds]  # past prefill and a first iteration
     assert later and all(kind is Listed for kind in later), kinds

@@ -259,16 +259,18 @@ def test_the_requests_wall_times_add_up_to_the_batchs_time():
     assert 0 < host < elapsed
 
 
-def test_an_error_in_one_request_ends_the_batch_and_drops_every_slots_cache():
+@pytest.mark.parametrize("lockstep", [False, True])
+def test_an_error_in_one_request_ends_the_batch_and_drops_every_slots_cache(lockstep):
     executor = _ToyBatch(3, fail_at=4)
     with pytest.raises(RuntimeError, match="fell over"):
-        list(decode_batched(executor, _toy_requests(5), 3))
+        list(decode_batched(executor, _toy_requests(5), 3, lockstep))
     assert sorted(executor.resets[-3:]) == [0, 1, 2]  # the three unfinished requests' coroutines closed
 
 
-def test_closing_the_batch_early_drops_the_unfinished_requests_caches():
+@pytest.mark.parametrize("lockstep", [False, True])
+def test_closing_the_batch_early_drops_the_unfinished_requests_caches(lockstep):
     executor = _ToyBatch(3)
-    batches = decode_batched(executor, _toy_requests(5), 3)
+    batches = decode_batched(executor, _toy_requests(5), 3, lockstep)
     request, _ = next(batches)  # the first to finish (its slot is refilled once the caller is back)
     before = len(executor.resets)
     batches.close()

@@ -185,12 +185,14 @@ def _burn(seconds: float) -> None:
         pass
 
 
-def test_engine_phases_put_each_piece_of_a_round_in_its_own_phase(monkeypatch):
-    """A decoder's stop check runs in its own Python, a batched verification's launch and finish in
-    theirs: CPU time added to one of them lands in that phase alone (packedss.benchmark.phases)."""
-    from packedss.decoding import batched_ops
+@pytest.mark.parametrize("lockstep", [False, True])
+def test_engine_phases_put_each_piece_of_a_round_in_its_own_phase(lockstep, monkeypatch):
+    """A decoder's stop check runs in its own Python; a batched verification's launch and finish
+    in theirs; a lanes' round's readout in the launch (lanes make their results in their own
+    Python): CPU time added to one of them lands in that phase alone (packedss.benchmark.phases)."""
+    from packedss.decoding import batched_ops, engine
 
-    counts = {"stop checks": 0, "verification waves": 0}
+    counts = {"stop checks": 0, "verification waves": 0, "readouts": 0}
 
     def slow_stop(tokens, new):
         counts["stop checks"] += 1
@@ -201,7 +203,7 @@ def test_engine_phases_put_each_piece_of_a_round_in_its_own_phase(monkeypatch):
     requests = [Request(k, lambda m, k=k: Response(m, [1, 2, 3][: 1 + k], LTRSettings("linear", 3, 6, (), GREEDY),
                                                    slow_stop, decoder))
                 for k in range(3)]  # fmt: skip
-    verifications = batched_ops.BATCHED[verify]
+    verifications, readout = batched_ops.BATCHED[verify], engine.Readout
 
     def slow_verifications(args, device):
         counts["verification waves"] += 1
@@ -209,18 +211,25 @@ def test_engine_phases_put_each_piece_of_a_round_in_its_own_phase(monkeypatch):
         read, finish = verifications(args, device)
         return read, lambda values: _burn(0.006) or finish(values)
 
-    list(decode_batched(_ToyBatch(3), _toy_requests(3), 3))  # first calls' set-up (layouts, ops) out of the way
+    def slow_readout(logits, deciding):
+        counts["readouts"] += 1
+        _burn(0.006)
+        return readout(logits, deciding)
+
+    list(decode_batched(_ToyBatch(3), _toy_requests(3), 3, lockstep))  # first calls' set-up (layouts, ops) out of the way
     monkeypatch.setitem(batched_ops.BATCHED, verify, slow_verifications)
+    monkeypatch.setattr(engine, "Readout", slow_readout)
     with engine_phases() as ns:
-        list(decode_batched(_ToyBatch(3), requests, 3))
-    assert set(ns) == set(PHASES)
+        list(decode_batched(_ToyBatch(3), requests, 3, lockstep))
     ms = {phase: ns[phase] / 1e6 for phase in PHASES}
-    stops, waves = counts["stop checks"], counts["verification waves"]
-    assert stops >= 6 and waves >= 2
+    stops, waves, readouts = counts["stop checks"], counts["verification waves"], counts["readouts"]
+    assert stops >= 6 and (readouts >= 4 if lockstep else waves >= 2)
+    assert (waves if lockstep else readouts) == 0
     # Each phase holds its added work, and less than 5 ms besides (the toy decode's own work, about
     # 1 ms here), while work leaking from another phase would add at least 6 ms.
     assert 2 * stops <= ms["decoders' own Python"] < 2 * stops + 5
-    assert 6 * waves <= ms["batched steps' launch"] < 6 * waves + 5
+    launched = 6 * (readouts if lockstep else waves)
+    assert launched <= ms["batched steps' launch"] < launched + 5
     assert 6 * waves <= ms["their finish"] < 6 * waves + 5
     assert ms["call assembly"] + ms["meters' shares"] < 5
 
@@ -230,12 +239,14 @@ def test_engine_phases_restore_the_engine_when_the_block_ends():
     from packedss.decoding.engine import _Engine
     from packedss.decoding.trace import Meter
 
-    before = (_Engine.batch, _Engine.advance_all, Meter.share, dict(batched_ops.BATCHED))
+    before = (_Engine.batch, _Engine.advance_all, _Engine.step_lanes, _Engine.readout, Meter.share,
+              dict(batched_ops.BATCHED))  # fmt: skip
     with pytest.raises(RuntimeError, match="fell over"):
         with engine_phases():
-            assert _Engine.batch is not before[0] and batched_ops.BATCHED[verify] is not before[3][verify]
+            assert _Engine.batch is not before[0] and batched_ops.BATCHED[verify] is not before[5][verify]
             list(decode_batched(_ToyBatch(3, fail_at=2), _toy_requests(5), 3))
-    assert (_Engine.batch, _Engine.advance_all, Meter.share, dict(batched_ops.BATCHED)) == before
+    assert (_Engine.batch, _Engine.advance_all, _Engine.step_lanes, _Engine.readout, Meter.share,
+            dict(batched_ops.BATCHED)) == before  # fmt: skip
 
 
 def test_bench_concurrency_splits_a_round_by_phase(capsys):
@@ -248,5 +259,7 @@ def test_bench_concurrency_splits_a_round_by_phase(capsys):
         cells = dict(cell.rsplit(" ", 1) for cell in body.split(", "))
         assert list(cells) == [*PHASES, "the rest"], line
         values = [float(value) for value in cells.values()]
-        assert all(value > 0 for value in values[: len(PHASES)])
+        # Greedy Linear-SS's requests are lanes, which make their results in their own Python.
+        assert all(value > 0 for phase, value in zip(PHASES, values) if phase != "their finish")
+        assert cells["their finish"] == "0.000"
         assert sum(values) == pytest.approx(float(round_ms), abs=0.004)

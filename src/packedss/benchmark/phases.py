@@ -4,9 +4,12 @@ timed on the main thread's CPU clock, for scripts/bench_concurrency.py's `--phas
 - call assembly: `_Engine.batch`, the batched call's tokens and positions from every request's call;
 - batched steps' launch and their finish: each batched Host step (packedss.decoding.batched_ops
   BATCHED: the round's argmax, top-2 margins, samples and acceptance tests as tensor work), then
-  the per-request results made from its read-back;
+  the per-request results made from its read-back; for lanes (packedss.decoding.lockstep: greedy
+  AR, Linear-SS and Packed-SS) the launch is the round's Readout (`_Engine.readout`) and there is
+  no finish: a lane makes its results from the values read in its own Python;
 - decoders' own Python: `_Engine.advance_all`, every request's coroutine from one result to its next
-  call or Host step (its plans, emitter and stop check, near-tie notes, commits, record at its end);
+  call or Host step (its plans, emitter and stop check, near-tie notes, commits, record at its end),
+  and `_Engine.step_lanes`, every lane's step from the round's values to its next call;
 - meters' shares: each request's share of each batched call (trace.Meter.share);
 - the rest: the round less the model call and the phases above (the waves' grouping and read-back,
   the results' Rows, the responses' starts, the engine's loop).
