@@ -12,6 +12,7 @@ import torch
 
 from packedss.decoding import LTRSettings, Sampling, batched_ops
 from packedss.decoding import verify as verify_module
+from packedss.decoding.blockdiff import SDAR_DECODERS
 from packedss.decoding.driver import Response, schedule_named
 from packedss.decoding.engine import Request, decode_batched
 from packedss.decoding.lockstep import steps_in_lockstep
@@ -93,9 +94,14 @@ def test_lanes_run_none_of_the_coroutines_host_steps(tiny, schedule, monkeypatch
 
 
 def test_only_greedy_ar_linear_and_packed_decoders_step_in_lockstep(tiny):  # noqa: F811
+    """Greedy AR, Linear-SS and Packed-SS of the Nemotron family only: not Quadratic-SS, not T > 0,
+    not SDAR's schedules of the same names."""
     def decoder(schedule, temperature):
         request = _requests(schedule, True, [([5, 17, 33], 4)], temperature)[0]
         return request.start(tiny).decoder
 
     assert [steps_in_lockstep(decoder(s, 0.0)) for s in ("ar", "linear", "packed", "quadratic")] == [True] * 3 + [False]
     assert not any(steps_in_lockstep(decoder(s, 1.0)) for s in ("ar", "linear", "packed"))
+    # SDAR's AR, Linear-SS and Packed-SS are subclasses of these, with calls of their own (query rows).
+    greedy = [LTRSettings(d.name, 4, 5, (), GREEDY) for d in SDAR_DECODERS]
+    assert not any(steps_in_lockstep(d(tiny, [5, 17, 33], s, None)) for d, s in zip(SDAR_DECODERS, greedy))

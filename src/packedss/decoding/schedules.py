@@ -200,8 +200,12 @@ class _LTRDecoder(Decoder):
 
     def __init__(self, model: CallModel, prompt: Sequence[int], settings: LTRSettings, stop_check: StopCheck | None):
         super().__init__(model, prompt, settings, stop_check)
-        self.prompt_ids = uploaded(list(self.prompt), model.device)
         self.position = len(self.prompt)
+
+    @functools.cached_property
+    def prompt_ids(self) -> torch.Tensor:
+        """The prompt on the device, copied by the prefill that reads it (a lane's is built on the host)."""
+        return uploaded(list(self.prompt), self.model.device)
 
     def emit(self, tokens: list[int]) -> bool:
         self.produced += len(tokens)
