@@ -38,7 +38,13 @@ decodes with the phases timed, the one of least host CPU time per round.
     python scripts/bench_concurrency.py --schedules linear,packed --concurrency 1,16,64 --temperature 1
     python scripts/bench_concurrency.py --model tiny-set --schedules linear,packed --order ltr
     python scripts/bench_concurrency.py --schedules linear,packed --concurrency 1,16,64 --replay
+`--coroutines` adds, for each C > 1, a turn of the same decodes with every request run as its
+coroutine (`decode_batched(..., lockstep=False)`; without it greedy AR, Linear-SS and Packed-SS
+requests are lanes, packedss.decoding.lockstep), in the same rotation as the levels, and a line per
+schedule of its host ms per round beside the lanes' (the same for schedules that have no lanes).
+
     python scripts/bench_concurrency.py --schedules linear,packed --concurrency 1,64 --phases
+    python scripts/bench_concurrency.py --schedules linear,packed --concurrency 1,64 --coroutines
 """
 
 from __future__ import annotations
@@ -115,14 +121,17 @@ def main(argv=None) -> int:
     ap.add_argument("--replay", action="store_true",
                     help="also time the host work alone: the decodes replayed on recorded logits, no forward pass")  # fmt: skip
     ap.add_argument("--phases", action="store_true", help="also split each C > 1's host CPU time per round by the engine's phases")
+    ap.add_argument("--coroutines", action="store_true",
+                    help="also time each C > 1 with every request as its coroutine (no lanes), in the same turns")  # fmt: skip
     args = ap.parse_args(argv)
     if args.model not in MODELS:
         ap.error(f"unknown --model {args.model}{closest(args.model, MODELS)}; valid: {', '.join(MODELS)}")
     levels = sorted(set(args.concurrency))
     if levels[0] != 1:
         ap.error(f"--concurrency {','.join(map(str, levels))} lacks 1, the reference of the ratio; add it")
-    if args.phases and len(levels) == 1:
-        ap.error("--phases splits the rounds of a C > 1, but --concurrency holds only 1; add a C > 1 (e.g. 1,64)")
+    for flag in ("phases", "coroutines"):
+        if getattr(args, flag) and len(levels) == 1:
+            ap.error(f"--{flag} times the rounds of a C > 1, but --concurrency holds only 1; add a C > 1 (e.g. 1,64)")
     torch.set_num_threads(args.threads)
 
     cfg, adapter, tokenizer, label = load(BenchSettings(model=args.model, task=args.task), torch.device("cpu"), "float32")
@@ -164,48 +173,61 @@ def main(argv=None) -> int:
             generator = torch.Generator().manual_seed(question_seed(0, str(k)))
             return family.settings_type(**fields, sampling=Sampling(args.temperature, args.rule, generator))
 
-        def decode(ids_list, concurrency, models=None, executor=None):
+        def decode(ids_list, concurrency, models=None, executor=None, lockstep=True):
             """Each question's response, at C = 1 on adapter (or on models[k]), else C at a time on
-            the level's executor (or on `executor`); in the order of ids_list."""
+            the level's executor (or on `executor`), as lanes where they can be (else every request as
+            its coroutine); in the order of ids_list."""
             if concurrency == 1:
                 return [family.decode(adapter if models is None else models[k], ids, settings(k), stop_check)
                         for k, ids in enumerate(ids_list)]  # fmt: skip
             requests = [Request(k, lambda model, k=k, ids=ids: family.response(model, ids, settings(k), stop_check))
                         for k, ids in enumerate(ids_list)]  # fmt: skip
-            done = dict(decode_batched(executors[concurrency] if executor is None else executor, requests, concurrency))
+            executor = executors[concurrency] if executor is None else executor
+            done = dict(decode_batched(executor, requests, concurrency, lockstep))
             return [done[request] for request in requests]
 
-        for concurrency in levels:
-            decode(prompts[:concurrency], concurrency)  # warm-up: layouts, biases and the allocator
-        host: dict[int, list[float]] = {c: [] for c in levels}
-        host_cpu: dict[int, list[float]] = {c: [] for c in levels}
-        model_row: dict[int, list[float]] = {c: [] for c in levels}
+        # Each turn: (C, lanes where they can be); with --coroutines each C > 1 once more as coroutines.
+        turns = [(c, lockstep) for c in levels for lockstep in (True, False) if lockstep or (c > 1 and args.coroutines)]
+        for concurrency, lockstep in turns:
+            decode(prompts[:concurrency], concurrency, lockstep=lockstep)  # warm-up: layouts, biases and the allocator
+        host: dict[tuple, list[float]] = {turn: [] for turn in turns}
+        host_cpu: dict[tuple, list[float]] = {turn: [] for turn in turns}
+        model_row: dict[tuple, list[float]] = {turn: [] for turn in turns}
         for _ in range(args.repeats):
-            for concurrency in levels:
+            for turn in turns:
+                concurrency, lockstep = turn
                 before_model, started, started_cpu = model_cpu.ns, time.perf_counter(), time.thread_time_ns()
-                outs = decode(prompts, concurrency)
+                outs = decode(prompts, concurrency, lockstep=lockstep)
                 elapsed, cpu_ns = time.perf_counter() - started, time.thread_time_ns() - started_cpu
                 model_s = sum(out.model_s for out in outs)
                 rounds = batched_calls(outs)
                 ms = (elapsed - model_s) / rounds * 1000
                 cpu_ms = (cpu_ns - (model_cpu.ns - before_model)) / rounds / 1e6
                 row_us = model_s / sum(sum(out.rows_evaluated) for out in outs) * 1e6
-                host[concurrency].append(ms)
-                host_cpu[concurrency].append(cpu_ms)
-                model_row[concurrency].append(row_us)
-                print(f"  {schedule:9s} C={concurrency:<3d} rounds {rounds:6.0f}  elapsed {elapsed:6.2f} s  model "
+                host[turn].append(ms)
+                host_cpu[turn].append(cpu_ms)
+                model_row[turn].append(row_us)
+                label = f"C={concurrency:<3d}" + ("" if lockstep else " coroutines")
+                print(f"  {schedule:9s} {label} rounds {rounds:6.0f}  elapsed {elapsed:6.2f} s  model "
                       f"{model_s:6.2f} s  model us per row {row_us:7.2f}  host ms per round {ms:7.3f}  "
                       f"host CPU ms per round {cpu_ms:7.3f}")  # fmt: skip
         top = levels[-1]
-        least, least_cpu = {c: min(v) for c, v in host.items()}, {c: min(v) for c, v in host_cpu.items()}
+        least = {c: min(host[c, True]) for c in levels}
+        least_cpu = {c: min(host_cpu[c, True]) for c in levels}
         cells = ", ".join(f"C={c} {least[c]:.3f}" for c in levels)
         cpu_cells = ", ".join(f"C={c} {least_cpu[c]:.3f}" for c in levels)
-        rows = {c: min(v) for c, v in model_row.items()}
+        rows = {c: min(model_row[c, True]) for c in levels}
         row_cells = ", ".join(f"C={c} {rows[c]:.2f}" for c in levels)
         below = levels[-2] if len(levels) > 1 else top
         print(f"{schedule}: model us per evaluated row {row_cells} (C={top}/C={below}: {rows[top] / rows[below]:.2f}); "
               f"host CPU ms per round {cpu_cells} (C={top}/C=1: {least_cpu[top] / least_cpu[1]:.1f}); "
               f"host ms per round {cells}; host ms per round C={top}/C=1: {least[top] / least[1]:.1f}")  # fmt: skip
+        if args.coroutines:
+            cells = ", ".join(f"C={c} {min(host[c, False]):.3f} (CPU {min(host_cpu[c, False]):.3f}; lanes / coroutines "
+                              f"{least[c] / min(host[c, False]):.2f})" for c in levels[1:])  # fmt: skip
+            top_coroutines = min(host[top, False])
+            print(f"{schedule}: as coroutines, host ms per round {cells}; host ms per round C={top}/C=1: "
+                  f"{top_coroutines / least[1]:.1f}")  # fmt: skip
         if args.phases:
             for concurrency in levels[1:]:
                 round_ms, phase_ms = phases_ms(lambda: decode(prompts, concurrency), model_cpu, args.repeats)

@@ -139,6 +139,33 @@ def test_bench_concurrency_prints_its_regime_and_a_ratio_line_per_schedule(capsy
         assert [float(found.group(1)), float(found.group(2))] == pytest.approx([min(rows[1]), min(rows[2])], abs=0.01)
 
 
+def test_bench_concurrency_times_the_coroutines_beside_the_lanes(capsys, monkeypatch):
+    """--coroutines adds a turn per C > 1 with every request as its coroutine, in the rotation, and
+    a line per schedule of its least host ms per round beside the lanes'."""
+    from packedss.decoding import engine
+
+    batched, lockstep = engine.decode_batched, []
+
+    def recorded(executor, requests, concurrency, lanes=True):
+        lockstep.append(lanes)
+        return batched(executor, requests, concurrency, lanes)
+
+    monkeypatch.setattr(engine, "decode_batched", recorded)
+    lines = bench_concurrency(capsys, ["--schedules", "linear", "--concurrency", "1,2", "--limit", "3", "--repeats", "2",
+                                       "--coroutines"])  # fmt: skip
+    turns = [line.split()[1:3] for line in lines if line.startswith("  linear ")]
+    assert turns == [["C=1", "rounds"], ["C=2", "rounds"], ["C=2", "coroutines"]] * 2
+    assert lockstep == [True, False] * 3  # the warm-ups, then two rotations: lanes, then coroutines
+    hosts = [float(re.search(r"host ms per round +([\d.]+)", line).group(1)) for line in lines if line.startswith("  linear ")]
+    (line,) = [line for line in lines if line.startswith("linear: as coroutines, ")]
+    found = re.fullmatch(r"linear: as coroutines, host ms per round C=2 ([\d.]+) \(CPU [\d.]+; lanes / coroutines ([\d.]+)\); "
+                         r"host ms per round C=2/C=1: ([\d.]+)", line)  # fmt: skip
+    coroutines, lanes, one = min(hosts[2::3]), min(hosts[1::3]), min(hosts[0::3])
+    assert float(found.group(1)) == pytest.approx(coroutines, abs=1e-3)
+    assert float(found.group(2)) == pytest.approx(lanes / coroutines, abs=0.006)
+    assert float(found.group(3)) == pytest.approx(coroutines / one, rel=0.05, abs=0.06)
+
+
 @pytest.mark.parametrize("schedule", ["ar", "packed"])
 def test_a_rounds_logits_are_let_go_before_the_next_batched_call(schedule):
     """Nothing of the engine keeps a round's logits once its host steps are done (the round's
