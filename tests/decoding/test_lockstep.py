@@ -18,7 +18,14 @@ from packedss.decoding.engine import Request, decode_batched
 from packedss.decoding.lockstep import steps_in_lockstep
 from packedss.decoding.schedules import LTR_DECODERS
 from packedss.models.batched import BatchedCalls
-from tests.decoding.test_batching import CAPS, GREEDY, MANY, PROMPTS, tiny  # noqa: F401 (a fixture)
+from packedss.models.nemotron import load_nemotron
+from packedss.paths import PROJECT_ROOT
+from tests.decoding.test_batching import CAPS, GREEDY, MANY, PROMPTS
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_nemotron(PROJECT_ROOT / "assets" / "models" / "tiny", dtype="float32")
+
 
 TIMES = ("wall_s", "model_s", "nonmodel_s", "call_model_s", "latency_s")
 # 64 requests for C = 64: the shared prompts and caps, rotated and lengthened.
@@ -57,7 +64,7 @@ def _fields(out) -> dict:
 @pytest.mark.parametrize("every_row_a_near_tie", [False, True])
 @pytest.mark.parametrize("concurrency", [1, 4, 16, 64])
 @pytest.mark.parametrize("schedule, pad_verify", [("ar", True), ("linear", True), ("packed", True), ("packed", False)])
-def test_lanes_give_the_coroutines_records(tiny, schedule, pad_verify, concurrency, every_row_a_near_tie, monkeypatch):  # noqa: F811
+def test_lanes_give_the_coroutines_records(tiny, schedule, pad_verify, concurrency, every_row_a_near_tie, monkeypatch):
     if every_row_a_near_tie:
         monkeypatch.setattr(verify_module, "NEAR_TIE_ULPS", 1e30)
     pairs = WIDE if concurrency == 64 else MANY if concurrency == 16 else list(zip(PROMPTS, CAPS))
@@ -78,7 +85,7 @@ def test_lanes_give_the_coroutines_records(tiny, schedule, pad_verify, concurren
 
 
 @pytest.mark.parametrize("schedule", ["ar", "linear", "packed"])
-def test_lanes_run_none_of_the_coroutines_host_steps(tiny, schedule, monkeypatch):  # noqa: F811
+def test_lanes_run_none_of_the_coroutines_host_steps(tiny, schedule, monkeypatch):
     """A greedy AR, Linear-SS or Packed-SS request is a lane: the batched host steps its coroutine
     would take never run; the coroutine engine (lockstep=False) does take them."""
 
@@ -93,7 +100,7 @@ def test_lanes_run_none_of_the_coroutines_host_steps(tiny, schedule, monkeypatch
         _records(tiny, requests, 3, lockstep=False)
 
 
-def test_only_greedy_ar_linear_and_packed_decoders_step_in_lockstep(tiny):  # noqa: F811
+def test_only_greedy_ar_linear_and_packed_decoders_step_in_lockstep(tiny):
     """Greedy AR, Linear-SS and Packed-SS of the Nemotron family only: not Quadratic-SS, not T > 0,
     not SDAR's schedules of the same names."""
     def decoder(schedule, temperature):

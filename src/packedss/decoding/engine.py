@@ -14,6 +14,11 @@ lockstep rounds. In a round:
 
 A request's prefill thus rides in the next batched call beside the others' decode calls.
 
+Greedy AR, Linear-SS and Packed-SS requests are lanes instead (packedss.decoding.lockstep): no
+coroutine and no host wave; after each batched call the round's logits are read once (`readout`)
+and every lane steps on the values read (`step_lanes`) to its next call. Lanes and coroutines can
+share a round; `decode_batched(..., lockstep=False)` runs every request as its coroutine.
+
 Time: a batched call's model time is shared among its requests in proportion to their rows. The
 host time between two batched calls is shared equally among the requests that worked in it, since
 their host steps now run together. So a request's wall time is its shares of both, and the

@@ -26,7 +26,7 @@ from packedss.decoding.batched_ops import _Greedy
 from packedss.decoding.calls import Listed
 from packedss.decoding.driver import Decoder, finished
 from packedss.decoding.rows import Rows, uploaded
-from packedss.decoding.schedules import _AR, _Linear, _Packed, _causal_shape, _draft_shape, _packed_shape, _prefill_layout, _Shape
+from packedss.decoding.schedules import _AR, _Linear, _Packed, _causal_shape, _draft_shape, _prefill_layout, _Shape
 from packedss.decoding.trace import Decoded
 from packedss.decoding.verify import DecidedMargins
 
@@ -145,7 +145,8 @@ class Lane:
             return Listed(layout, [*prompt, *range(length)], length - 1)
         rows = length + 1 + self.width
         _, layout = _prefill_layout(length, rows, length - 1, length - 1, device)
-        return Listed(layout, [*prompt, prompt[-1], *self.masks, *range(length), *range(length - 1, length + self.width)], length - 1)
+        tokens = [*prompt, prompt[-1], *self.masks]
+        return Listed(layout, [*tokens, *range(length), *range(length - 1, length + self.width)], length - 1)
 
     def step(self, readout: Readout, start: int, rows: int, lane: int) -> Decoded | None:
         """Take its call's `rows` read rows, rows start.. of `readout` (its lane k = `lane`); its
