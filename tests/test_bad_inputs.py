@@ -274,7 +274,9 @@ def default_sigint() -> None:
 ])  # fmt: skip
 def test_a_signal_mid_run_keeps_whole_records_and_says_how_to_resume(signum, status, message, tmp_path):
     out = tmp_path / "out"
-    args = ["schedule=linear", "width=4", "limit=12", "max_new_tokens=96", "warmup=false", "progress=false", f"out_dir={out}"]
+    # 60 questions: the signal comes after the second record, so the run must outlast the test's
+    # polling by a wide margin also on a loaded machine (with 12 it once finished before the signal).
+    args = ["schedule=linear", "width=4", "limit=60", "max_new_tokens=96", "warmup=false", "progress=false", f"out_dir={out}"]
     target, directory = None, out / "tiny" / "arith"
     process = subprocess.Popen(run_py_command(args, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                text=True, env=offline_env(tmp_path), cwd=tmp_path, preexec_fn=default_sigint)  # fmt: skip
@@ -289,7 +291,7 @@ def test_a_signal_mid_run_keeps_whole_records_and_says_how_to_resume(signum, sta
     assert process.returncode == status, stderr[-3000:]
     assert stderr.splitlines() == [message]
     kept, bad = read_records(target)
-    assert bad == [] and 2 <= len(kept) < 12
+    assert bad == [] and 2 <= len(kept) < 60
 
 
 @needs_tiny
