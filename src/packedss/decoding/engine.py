@@ -238,7 +238,7 @@ class _Engine:
         self.excluded += elapsed - charged
         ended = self.mark = self.now()
         entries, call_stats = batch.entries, executor.call_stats
-        requests, total, read, results, lanes = len(entries), batch.tokens.shape[0], 0, [], []
+        requests, total, read, coroutines, results, lanes = len(entries), batch.tokens.shape[0], 0, [], [], []
         per_row = charged / total
         for slot, entry in zip(slots, entries):
             rows = entry.rows
@@ -246,6 +246,7 @@ class _Engine:
             if slot.lane is not None:
                 lanes.append((slot, read, count))
             else:
+                coroutines.append(slot)
                 results.append(Rows(logits, read, read + count) if slot.rows else logits[read : read + count])
             read += count
             slot.meter.share(rows, entry.layout.useful, call_stats(entry.slot), requests, total, per_row * rows)
@@ -256,8 +257,7 @@ class _Engine:
             round_readout = self.readout(logits, [(start, slot.lane.deciding(count)) for slot, start, count in lanes])
             round_readout.values = round_readout.read.tolist()
             self.step_lanes(lanes, round_readout)
-            slots = [slot for slot in slots if slot.lane is None]
-        self.advance_all(slots, results)
+        self.advance_all(coroutines, results)
 
     @staticmethod
     def readout(logits: torch.Tensor, deciding: list[tuple[int, int]]) -> Readout:

@@ -26,7 +26,7 @@ from packedss.decoding.batched_ops import _Greedy
 from packedss.decoding.calls import Listed
 from packedss.decoding.driver import Decoder, finished
 from packedss.decoding.rows import Rows, uploaded
-from packedss.decoding.schedules import _AR, _Linear, _Packed, _causal_shape, _draft_shape, _prefill_layout, _Shape
+from packedss.decoding.schedules import _AR, _Linear, _Packed, _causal_shape, _draft_shape, _packed_of, _prefill_listed
 from packedss.decoding.trace import Decoded
 from packedss.decoding.verify import DecidedMargins
 
@@ -85,7 +85,7 @@ class Lane:
     a round's Readout and returns its record when the decode ended (its slot's cache dropped)."""
 
     __slots__ = ("decoder", "kind", "after_prefill", "last", "drafts", "accepted", "drafted", "accepted_drafts",
-                 "width", "masks", "draft_shape", "verify_shape", "packed_shapes", "ties")  # fmt: skip
+                 "width", "draft_shape", "verify_shape", "packed_shapes", "ties")  # fmt: skip
 
     def __init__(self, decoder: Decoder):
         self.decoder = decoder
@@ -99,7 +99,6 @@ class Lane:
         self.ties = decoder.ties
         settings, model = decoder.settings, decoder.model
         self.width = settings.width
-        self.masks = [model.mask_token_id] * settings.width
         if self.after_prefill is Kind.AR:
             self.verify_shape = _causal_shape(1, model.device)
         elif self.after_prefill is Kind.DRAFT:
@@ -119,19 +118,16 @@ class Lane:
         return rows if kind is Kind.VERIFY else 1
 
     def call(self) -> Listed:
-        """Its next call, built on the host."""
-        kind, last, position = self.kind, self.last, self.decoder.position
+        """Its next call, built on the host by the schedule's own shapes (schedules._Shape.call)."""
+        kind, last, position = self.kind, [self.last], self.decoder.position
         if kind is Kind.DRAFT:
-            return _listed(self.draft_shape, [last, *self.masks], position)
+            return self.draft_shape.call([last, *self.draft_shape.masks], position)
         if kind is Kind.VERIFY:
-            return _listed(self.verify_shape, [last, *self.drafts], position)
+            return self.verify_shape.call([last, self.drafts], position)
         if kind is Kind.PACKED:
-            drafts = self.drafts
-            shape = self.packed_shapes[len(drafts)]
-            padding = len(shape.host[0]) - len(drafts) - 2 - self.width
-            return _listed(shape, [last, *drafts, *self.masks[:padding], last, *self.masks], position)
+            return _packed_of(self.packed_shapes[len(self.drafts)], last, self.drafts, position)
         if kind is Kind.AR:
-            return _listed(self.verify_shape, [last], position)
+            return self.verify_shape.call([last], position)
         return self.prefill_call()
 
     def prefill_call(self) -> Listed:
@@ -139,14 +135,10 @@ class Lane:
         which sees the prompt before its anchor (schedules._Packed.prefill)."""
         decoder = self.decoder
         prompt, device = decoder.prompt, decoder.model.device
-        length = len(prompt)
         if self.after_prefill is not Kind.PACKED:
-            _, layout = _prefill_layout(length, length, 0, 0, device)
-            return Listed(layout, [*prompt, *range(length)], length - 1)
-        rows = length + 1 + self.width
-        _, layout = _prefill_layout(length, rows, length - 1, length - 1, device)
-        tokens = [*prompt, prompt[-1], *self.masks]
-        return Listed(layout, [*tokens, *range(length), *range(length - 1, length + self.width)], length - 1)
+            return _prefill_listed(prompt, [], 0, 0, device)
+        length, block = len(prompt), [prompt[-1]] + [decoder.model.mask_token_id] * self.width
+        return _prefill_listed(prompt, block, length - 1, length - 1, device)
 
     def step(self, readout: Readout, start: int, rows: int, lane: int) -> Decoded | None:
         """Take its call's `rows` read rows, rows start.. of `readout` (its lane k = `lane`); its
@@ -231,10 +223,4 @@ class Lane:
     def close(self) -> None:
         """Drop its slot's cache (a decode ended early)."""
         self.decoder.model.reset()
-
-
-def _listed(shape: _Shape, tokens: list[int], position: int) -> Listed:
-    """The call of `shape` with `tokens` at n = `position`, on the host (schedules._Shape.call)."""
-    tokens += map(position.__add__, shape.host[0])
-    return Listed(shape.layout, tokens, 0)
 

@@ -55,12 +55,15 @@ class _Shape:
     masks: tuple[torch.Tensor, ...]
 
     def call(self, tokens: list, position: int) -> Planned | Listed:
-        """The call of token parts `tokens` (Rows, tensors, and the shape's mask runs, in row
-        order) at n = `position`: Listed, on the host, when the round read every part back (in a
-        batch: Rows with values), so that the engine copies it with the round's other listed
-        calls; else Planned."""
+        """The call of token parts `tokens` (Rows, tensors, host lists of ints, and the shape's mask
+        runs, in row order) at n = `position`: Listed, on the host, when every part is on the host
+        (a lane's, packedss.decoding.lockstep) or the round read it back (in a batch: Rows with
+        values), so that the engine copies it with the round's other listed calls; else Planned."""
         ids: list[int] = []
         for part in tokens:
+            if type(part) is list:
+                ids += part
+                continue
             if type(part) is Rows and part.values is not None:
                 ids += part.values
                 continue
@@ -100,16 +103,27 @@ def _prefill_call(prompt: torch.Tensor, block: Sequence[torch.Tensor] = (), at: 
                 read_from=length - 1, rule=layout.rule)  # fmt: skip
 
 
+def _prefill_listed(prompt: list[int], block: list[int], at: int, sees: int, device: torch.device) -> Listed:
+    """`_prefill_call` of a prompt and a block given as host integers, as a Listed call."""
+    length, rows = len(prompt), len(prompt) + len(block)
+    _, layout = _prefill_layout(length, rows, at, sees, device)
+    return Listed(layout, [*prompt, *block, *_prefill_positions(length, rows, at)], length - 1)
+
+
+def _prefill_positions(length: int, rows: int, at: int) -> list[int]:
+    """A prefill's positions: the prompt's 0..L-1, then its block's at.. (`_prefill_call`)."""
+    return [*range(length), *range(at, at + rows - length)]
+
+
 @functools.lru_cache(maxsize=256)
 def _prefill_layout(length: int, rows: int, at: int, sees: int, device: torch.device) -> tuple[torch.Tensor, Layout]:
     """The positions and layout of `_prefill_call`'s call of a prompt of `length` tokens and
     `rows` rows in all (shared by every prefill of that shape: never written to)."""
-    positions = torch.arange(rows, device=device)
+    positions = uploaded(_prefill_positions(length, rows, at), device)
     if rows == length:
         attend = torch.ones(length, length, dtype=torch.bool, device=device).tril_()
         roles = torch.full((length,), int(Role.VERIFY), dtype=torch.uint8, device=device)
         return positions, Layout(roles, attend, length, 0, Rule.CAUSAL)
-    positions[length:] += at - length
     roles = torch.full((rows,), int(Role.DRAFT), dtype=torch.uint8, device=device)
     roles[:length] = int(Role.VERIFY)
     attend = torch.ones(rows, rows, dtype=torch.bool, device=device).tril_()

@@ -19,7 +19,8 @@ def make_stop_check(tokenizer, stops: list[str]):
         if not any(s in text for s in stops):
             return None
         for end in range(len(tokens) - new + 1, len(tokens) + 1):
-            if any(s in to_text(tokens[start:end]) for s in stops):
+            text = to_text(tokens[start:end])
+            if any(s in text for s in stops):
                 return end
         return None
 
