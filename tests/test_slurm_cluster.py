@@ -42,8 +42,10 @@ LAUNCHER = ["hydra/launcher=slurm", "hydra.launcher.gpus_per_node=0", "hydra.lau
             "hydra.launcher.mem_gb=2"]  # fmt: skip
 VOLATILE_FIELDS = TIMING_FIELDS | {"compile_s", "slurm"}
 SWEEP = ["schedule=ar,packed", "limit=3"]
-REQUEUED_QUESTIONS = 32  # 30 left at the requeue: their decoding outlasts its delivery on a loaded machine
-REQUEUED = ["schedule=ar,packed", f"limit={REQUEUED_QUESTIONS}", "hydra.launcher.array_parallelism=1"]
+# The requeued job's questions: at least 32, and enough that the decoding left after its second
+# record outlasts the requeue's delivery whatever this machine's speed (32 once all finished first).
+REQUEUED_QUESTIONS = 32
+REQUEUED_WORK_S = 10
 # SLURM signals a job at its first time-limit check (every 30 s) that falls within
 # signal_delay_s + 30 s of the limit. The time-limited job starts with a long limit, cut to whole
 # minutes at least LIMIT_MARGIN_S ahead once its first run has written a record (its start-up
@@ -213,14 +215,18 @@ def seconds_per_ar_response(folder: Path) -> float:
 def run_scenarios(cluster: Cluster, folder: Path) -> dict:
     global STARTED
     STARTED = time.monotonic()
-    responses = math.ceil(TIME_LIMITED_WORK_S / seconds_per_ar_response(folder / "calibration"))
+    per_response = seconds_per_ar_response(folder / "calibration")
+    responses = math.ceil(TIME_LIMITED_WORK_S / per_response)
+    requeued_questions = max(REQUEUED_QUESTIONS, math.ceil(REQUEUED_WORK_S / per_response))
+    requeued = ["schedule=ar,packed", f"limit={requeued_questions}", f"task.n={max(200, requeued_questions)}",
+                "hydra.launcher.array_parallelism=1"]  # fmt: skip
     time_limit = ["schedule=ar", f"limit={responses}", f"task.n={max(200, responses)}", "hydra.launcher.timeout_min=10",
                   f"hydra.launcher.signal_delay_s={SIGNAL_DELAY_S}"]  # fmt: skip
     with ThreadPoolExecutor(max_workers=6) as pool:
         # the longest chain first: the time-limited job takes one CPU, the requeued one then the other
         futures = {}
         for name, function, overrides in (("time_limit", time_limited, time_limit),
-                                          ("requeue", requeued_and_cancelled, REQUEUED)):  # fmt: skip
+                                          ("requeue", requeued_and_cancelled, requeued)):  # fmt: skip
             queued = threading.Event()
             futures[name] = pool.submit(function, cluster, folder / name, name, overrides, queued)
             queued.wait(timeout=DEADLINE_S)
@@ -233,6 +239,7 @@ def run_scenarios(cluster: Cluster, folder: Path) -> dict:
         }  # fmt: skip
         runs = {name: future.result() for name, future in futures.items()}
     runs["time_limit"]["responses"] = responses
+    runs["requeue"]["questions"] = requeued_questions
     return runs
 
 
@@ -297,7 +304,7 @@ def test_a_job_requeued_mid_run_completes_with_every_question_once(slurm_runs):
     run = slurm_runs["requeue"]
     assert "error" not in run and run["requeued"], run.get("error", "") + run["stderr"][-3000:]
     [records] = [records for name, records in records_by_file(run["folder"]).items() if "/ar-" in name]
-    questions = REQUEUED_QUESTIONS
+    questions = run["questions"]
     assert sorted(record["question_id"] for record in records) == sorted(f"arith/test/{i}" for i in range(questions))
     assert 2 <= run["recorded_at_requeue"] < questions
     done_first = attempts(records).count(0)
@@ -325,9 +332,10 @@ def test_a_cancelled_job_is_a_failed_job_of_the_summary_and_the_others_complete(
     run = slurm_runs["requeue"]  # its job 1 was cancelled while job 0 ran
     assert "error" not in run and run["status"] == 1 and run["cancelled"], run.get("error", "") + run["stderr"][-3000:]
     summary = run["stderr"][run["stderr"].index("1 of 2 jobs failed") :]
-    assert f"#1 schedule=packed limit={REQUEUED_QUESTIONS}" in summary
+    questions = run["questions"]
+    assert f"#1 schedule=packed limit={questions} task.n={max(200, questions)}" in summary
     assert f"job {run['cancelled']} ended without a result (state: CANCELLED" in summary
-    assert re.search(rf"rerun: \S*python\S* \S*run\.py schedule=packed limit={REQUEUED_QUESTIONS} ", summary), summary
+    assert re.search(rf"rerun: \S*python\S* \S*run\.py schedule=packed limit={questions} ", summary), summary
     assert [name.split("/")[-1][:3] for name in records_by_file(run["folder"])] == ["ar-"]  # job 0 completed
 
 

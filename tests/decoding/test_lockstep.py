@@ -1,7 +1,8 @@
-"""Greedy AR, Linear-SS and Packed-SS as lanes (packedss.decoding.lockstep): every record equals the
-coroutine engine's field by field (times aside) at C = 1, 4, 16 and 64, with EOS, a stop that cuts,
-Packed-SS with and without padding, and every deciding row a near-tie; lanes run none of the
-coroutines' host steps, and every other schedule and T > 0 stays a coroutine."""
+"""Greedy AR, Linear-SS and Packed-SS as lanes (packedss.decoding.lockstep), of the Nemotron family
+and of SDAR's: every record equals the coroutine engine's field by field (times aside) at C = 1, 4,
+16 and 64, with EOS, a stop that cuts, Packed-SS with and without padding, and every deciding row a
+near-tie; lanes run none of the coroutines' host steps, and every other schedule and T > 0 stays a
+coroutine."""
 
 from __future__ import annotations
 
@@ -19,12 +20,21 @@ from packedss.decoding.lockstep import steps_in_lockstep
 from packedss.decoding.schedules import LTR_DECODERS
 from packedss.models.batched import BatchedCalls
 from packedss.models.nemotron import load_nemotron
+from packedss.models.sdar import load_sdar
 from packedss.paths import PROJECT_ROOT
 from tests.decoding.test_batching import CAPS, GREEDY, MANY, PROMPTS
 
 @pytest.fixture(scope="module")
 def tiny():
     return load_nemotron(PROJECT_ROOT / "assets" / "models" / "tiny", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def tiny_sdar():
+    return load_sdar(PROJECT_ROOT / "assets" / "models" / "tiny-sdar", dtype="float32")
+
+
+DECODERS = {"nemotron": LTR_DECODERS, "sdar": SDAR_DECODERS}
 
 
 TIMES = ("wall_s", "model_s", "nonmodel_s", "call_model_s", "latency_s")
@@ -37,8 +47,8 @@ def _cut_at_nine(tokens, new):
     return 9 if len(tokens) - new < 9 <= len(tokens) else None
 
 
-def _requests(schedule: str, pad_verify: bool, pairs, temperature: float = 0.0):
-    decoder = schedule_named(LTR_DECODERS, schedule)
+def _requests(schedule: str, pad_verify: bool, pairs, temperature: float = 0.0, family: str = "nemotron"):
+    decoder = schedule_named(DECODERS[family], schedule)
 
     def start(model, key):
         prompt, cap = pairs[key]
@@ -64,13 +74,16 @@ def _fields(out) -> dict:
 @pytest.mark.parametrize("every_row_a_near_tie", [False, True])
 @pytest.mark.parametrize("concurrency", [1, 4, 16, 64])
 @pytest.mark.parametrize("schedule, pad_verify", [("ar", True), ("linear", True), ("packed", True), ("packed", False)])
-def test_lanes_give_the_coroutines_records(tiny, schedule, pad_verify, concurrency, every_row_a_near_tie, monkeypatch):
+@pytest.mark.parametrize("family", list(DECODERS))
+def test_lanes_give_the_coroutines_records(request, family, schedule, pad_verify, concurrency, every_row_a_near_tie,
+                                           monkeypatch):  # fmt: skip
     if every_row_a_near_tie:
         monkeypatch.setattr(verify_module, "NEAR_TIE_ULPS", 1e30)
+    model = request.getfixturevalue("tiny" if family == "nemotron" else "tiny_sdar")
     pairs = WIDE if concurrency == 64 else MANY if concurrency == 16 else list(zip(PROMPTS, CAPS))
-    requests = _requests(schedule, pad_verify, pairs)
-    lanes = _records(tiny, requests, concurrency, lockstep=True)
-    coroutines = _records(tiny, requests, concurrency, lockstep=False)
+    requests = _requests(schedule, pad_verify, pairs, family=family)
+    lanes = _records(model, requests, concurrency, lockstep=True)
+    coroutines = _records(model, requests, concurrency, lockstep=False)
     assert sorted(lanes) == sorted(coroutines) == list(range(len(pairs)))
     for key, out in coroutines.items():
         assert _fields(lanes[key]) == _fields(out), key
@@ -85,7 +98,8 @@ def test_lanes_give_the_coroutines_records(tiny, schedule, pad_verify, concurren
 
 
 @pytest.mark.parametrize("schedule", ["ar", "linear", "packed"])
-def test_lanes_run_none_of_the_coroutines_host_steps(tiny, schedule, monkeypatch):
+@pytest.mark.parametrize("family", list(DECODERS))
+def test_lanes_run_none_of_the_coroutines_host_steps(request, family, schedule, monkeypatch):
     """A greedy AR, Linear-SS or Packed-SS request is a lane: the batched host steps its coroutine
     would take never run; the coroutine engine (lockstep=False) does take them."""
 
@@ -94,21 +108,23 @@ def test_lanes_run_none_of_the_coroutines_host_steps(tiny, schedule, monkeypatch
 
     for function in list(batched_ops.BATCHED):
         monkeypatch.setitem(batched_ops.BATCHED, function, refuse)
-    requests = _requests(schedule, True, list(zip(PROMPTS, CAPS)))
-    assert len(_records(tiny, requests, 3, lockstep=True)) == len(PROMPTS)
+    model = request.getfixturevalue("tiny" if family == "nemotron" else "tiny_sdar")
+    requests = _requests(schedule, True, list(zip(PROMPTS, CAPS)), family=family)
+    assert len(_records(model, requests, 3, lockstep=True)) == len(PROMPTS)
     with pytest.raises(AssertionError, match="host step ran"):
-        _records(tiny, requests, 3, lockstep=False)
+        _records(model, requests, 3, lockstep=False)
 
 
-def test_only_greedy_ar_linear_and_packed_decoders_step_in_lockstep(tiny):
-    """Greedy AR, Linear-SS and Packed-SS of the Nemotron family only: not Quadratic-SS, not T > 0,
-    not SDAR's schedules of the same names."""
-    def decoder(schedule, temperature):
-        request = _requests(schedule, True, [([5, 17, 33], 4)], temperature)[0]
-        return request.start(tiny).decoder
+def test_only_greedy_ar_linear_and_packed_decoders_step_in_lockstep(tiny, tiny_sdar):
+    """Greedy AR, Linear-SS and Packed-SS of the Nemotron family and of SDAR's only: not
+    Quadratic-SS, not T > 0, not SDAR's block-diffusion schedules."""
+
+    def decoder(schedule, temperature, family="nemotron"):
+        request = _requests(schedule, True, [([5, 17, 33], 4)], temperature, family)[0]
+        return request.start(tiny if family == "nemotron" else tiny_sdar).decoder
 
     assert [steps_in_lockstep(decoder(s, 0.0)) for s in ("ar", "linear", "packed", "quadratic")] == [True] * 3 + [False]
     assert not any(steps_in_lockstep(decoder(s, 1.0)) for s in ("ar", "linear", "packed"))
-    # SDAR's AR, Linear-SS and Packed-SS are subclasses of these, with calls of their own (query rows).
-    greedy = [LTRSettings(d.name, 4, 5, (), GREEDY) for d in SDAR_DECODERS]
-    assert not any(steps_in_lockstep(d(tiny, [5, 17, 33], s, None)) for d, s in zip(SDAR_DECODERS, greedy))
+    lanes = [d.name for d in SDAR_DECODERS if steps_in_lockstep(decoder(d.name, 0.0, "sdar"))]
+    assert lanes == ["ar", "linear", "packed"] and len(SDAR_DECODERS) > 3
+    assert not any(steps_in_lockstep(decoder(s, 1.0, "sdar")) for s in ("ar", "linear", "packed"))

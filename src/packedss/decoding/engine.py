@@ -254,7 +254,7 @@ class _Engine:
                 slot.first_call_start = started
             slot.last_call_end = ended
         if lanes:
-            round_readout = self.readout(logits, [(start, slot.lane.deciding(count)) for slot, start, count in lanes])
+            round_readout = self.readout(logits, [slot.lane.deciding(start, count) for slot, start, count in lanes])
             round_readout.values = round_readout.read.tolist()
             self.step_lanes(lanes, round_readout)
         self.advance_all(coroutines, results)

@@ -10,6 +10,10 @@ its last token and its drafts as host integers. After each batched call the engi
 round's `Readout` and steps every lane on it (`Lane.step`), which builds the lane's next call on
 the host (a Listed call, copied with the round's others).
 
+The SDAR family's AR, Linear-SS and Packed-SS (packedss.decoding.queried) are lanes too: the same
+steps, on calls that add query rows, so that a call's verifier rows start after its clean rows
+(`Lane.verifier_row`) and its prefill is the queried one.
+
 A lane's decode is its coroutine's, step for step: the same calls, commits, emitted tokens,
 near-ties and per-iteration counts, so its record is the same (tests/decoding/test_lockstep.py
 holds them equal field by field, and the batch equal to C = 1). The coroutines remain the
@@ -23,8 +27,9 @@ import enum
 import torch
 
 from packedss.decoding.batched_ops import _Greedy
-from packedss.decoding.calls import Listed
+from packedss.decoding.calls import Call, Listed
 from packedss.decoding.driver import Decoder, finished
+from packedss.decoding.queried import _packed_shape, _QueriedAR, _QueriedLinear, _QueriedPacked, _verify_shape, queried_prefill
 from packedss.decoding.rows import Rows, uploaded
 from packedss.decoding.schedules import _AR, _Linear, _Packed, _causal_shape, _draft_shape, _packed_of, _prefill_listed
 from packedss.decoding.trace import Decoded
@@ -41,11 +46,14 @@ class Kind(enum.Enum):
     PACKED = "packed"  # Packed-SS's call: verify rows, padding, draft block
 
 
-_AFTER_PREFILL = {_AR: Kind.AR, _Linear: Kind.DRAFT, _Packed: Kind.PACKED}
+_AFTER_PREFILL = {_AR: Kind.AR, _Linear: Kind.DRAFT, _Packed: Kind.PACKED,
+                  _QueriedAR: Kind.AR, _QueriedLinear: Kind.DRAFT, _QueriedPacked: Kind.PACKED}  # fmt: skip
+_QUERIED = (_QueriedAR, _QueriedLinear, _QueriedPacked)
 
 
 def steps_in_lockstep(decoder: Decoder) -> bool:
-    """Whether `decoder`'s decode runs as a Lane: AR, Linear-SS or Packed-SS, greedy."""
+    """Whether `decoder`'s decode runs as a Lane: AR, Linear-SS or Packed-SS (the Nemotron family's
+    or SDAR's), greedy."""
     return type(decoder) in _AFTER_PREFILL and decoder.settings.sampling.greedy
 
 
@@ -84,13 +92,14 @@ class Lane:
     not started), as flat state: `call()` is its next call, `step(...)` takes that call's rows of
     a round's Readout and returns its record when the decode ended (its slot's cache dropped)."""
 
-    __slots__ = ("decoder", "kind", "after_prefill", "last", "drafts", "accepted", "drafted", "accepted_drafts",
-                 "width", "draft_shape", "verify_shape", "packed_shapes", "ties")  # fmt: skip
+    __slots__ = ("decoder", "kind", "after_prefill", "queried", "last", "drafts", "accepted", "drafted",
+                 "accepted_drafts", "width", "draft_shape", "verify_shape", "packed_shapes", "ties")  # fmt: skip
 
     def __init__(self, decoder: Decoder):
         self.decoder = decoder
         self.kind = Kind.PREFILL
         self.after_prefill = _AFTER_PREFILL[type(decoder)]
+        self.queried = type(decoder) in _QUERIED  # SDAR's: its calls add query rows
         self.last = 0
         self.drafts: list[int] = []
         self.accepted: list[int] = []
@@ -100,41 +109,60 @@ class Lane:
         settings, model = decoder.settings, decoder.model
         self.width = settings.width
         if self.after_prefill is Kind.AR:
-            self.verify_shape = _causal_shape(1, model.device)
+            self.verify_shape = (_verify_shape(0, model.mask_token_id, model.device) if self.queried
+                                 else _causal_shape(1, model.device))  # fmt: skip
         elif self.after_prefill is Kind.DRAFT:
             self.draft_shape = _draft_shape(settings.width, model.mask_token_id, model.device)
-            self.verify_shape = _causal_shape(settings.block, model.device)
-        else:
+            self.verify_shape = (_verify_shape(settings.width, model.mask_token_id, model.device) if self.queried
+                                 else _causal_shape(settings.block, model.device))  # fmt: skip
+        elif not self.queried:
             self.packed_shapes = decoder.shapes
 
-    def deciding(self, rows: int) -> int:
-        """How many of its call's `rows` read rows, from the first on, decide emitted tokens whose
-        near-ties are kept: its verifier rows, or the row of a first token (none in a draft call)."""
+    def verifier_row(self) -> int:
+        """Its next call's first verifier row (or row of a first token) among the rows it reads:
+        in SDAR's calls the m + 1 queries after the clean rows [last, d_1..d_m]."""
+        return len(self.drafts) + 1 if self.queried and self.kind is not Kind.PREFILL else 0
+
+    def deciding(self, start: int, rows: int) -> tuple[int, int]:
+        """Of its call's `rows` read rows, from row `start` of the round's on, the first and the
+        count of those that decide emitted tokens whose near-ties are kept: its verifier rows, or
+        the row of a first token (none in a draft call)."""
         kind = self.kind
         if self.ties is None or kind is Kind.DRAFT:
-            return 0
-        if kind is Kind.PACKED:
-            return len(self.drafts) + 1
-        return rows if kind is Kind.VERIFY else 1
+            return start, 0
+        first = start + self.verifier_row()
+        if kind is Kind.VERIFY or kind is Kind.PACKED:
+            return first, len(self.drafts) + 1
+        return first, 1
 
-    def call(self) -> Listed:
+    def call(self) -> Listed | Call:
         """Its next call, built on the host by the schedule's own shapes (schedules._Shape.call)."""
         kind, last, position = self.kind, [self.last], self.decoder.position
         if kind is Kind.DRAFT:
             return self.draft_shape.call([last, *self.draft_shape.masks], position)
         if kind is Kind.VERIFY:
-            return self.verify_shape.call([last, self.drafts], position)
+            return self.verify_shape.call([last, self.drafts, *self.verify_shape.masks], position)
         if kind is Kind.PACKED:
-            return _packed_of(self.packed_shapes[len(self.drafts)], last, self.drafts, position)
+            if not self.queried:
+                return _packed_of(self.packed_shapes[len(self.drafts)], last, self.drafts, position)
+            model, settings = self.decoder.model, self.decoder.settings
+            shape = _packed_shape(len(self.drafts), self.width, model.mask_token_id, settings.pad_verify, model.device)
+            queries, padding, block = shape.masks
+            return shape.call([last, self.drafts, queries, padding, last, block], position)
         if kind is Kind.AR:
-            return self.verify_shape.call([last], position)
+            return self.verify_shape.call([last, *self.verify_shape.masks], position)
         return self.prefill_call()
 
-    def prefill_call(self) -> Listed:
+    def prefill_call(self) -> Listed | Call:
         """The prompt's L rows; Packed-SS attaches its first draft block [x_{L-1}@L-1, MASK@L..L+W-1],
-        which sees the prompt before its anchor (schedules._Packed.prefill)."""
+        which sees the prompt before its anchor (schedules._Packed.prefill). SDAR's adds the query
+        MASK@L after the prompt, read first (queried.queried_prefill): its rows read are then
+        [query, anchor, W masks] where the Nemotron family's are [x_{L-1}, anchor, W masks]."""
         decoder = self.decoder
         prompt, device = decoder.prompt, decoder.model.device
+        if self.queried:
+            width = self.width if self.after_prefill is Kind.PACKED else 0
+            return queried_prefill(decoder.prompt_ids, decoder.model.mask_token_id, width)
         if self.after_prefill is not Kind.PACKED:
             return _prefill_listed(prompt, [], 0, 0, device)
         length, block = len(prompt), [prompt[-1]] + [decoder.model.mask_token_id] * self.width
@@ -144,6 +172,7 @@ class Lane:
         """Take its call's `rows` read rows, rows start.. of `readout` (its lane k = `lane`); its
         record when it ended."""
         kind, decoder, values = self.kind, self.decoder, readout.values
+        verifier = start + self.verifier_row()
         if kind is Kind.DRAFT:
             decoder.model.commit(0)
             self.drafts = values[start + 1 : start + rows]
@@ -159,10 +188,10 @@ class Lane:
         elif kind is Kind.AR:
             decoder.model.commit(1)
             decoder.position += 1
-            done = self.first(readout, start, lane)
+            done = self.first(readout, verifier, lane)
             self.count(1, 0)
         else:
-            done = self.verified(readout, start, rows, lane)
+            done = self.verified(readout, verifier, start + rows, lane)
         if not done:
             return None
         record = finished(decoder, len(decoder.prompt), self.accepted, self.drafted, self.accepted_drafts)
@@ -177,10 +206,11 @@ class Lane:
         self.note(readout, lane, [decoder.produced])
         return decoder.emit(token)
 
-    def verified(self, readout: Readout, start: int, rows: int, lane: int) -> bool:
+    def verified(self, readout: Readout, start: int, end_of_call: int, lane: int) -> bool:
         """Verify its drafts by the verifier rows from `start` (the h drafts equal to their rows'
         argmax and one more token), commit and emit them (schedules._LTRDecoder.verified); a
-        Packed-SS call's last W rows propose the next drafts, less the positions emitted."""
+        Packed-SS call's last W rows (up to row `end_of_call`) propose the next drafts, less the
+        positions emitted."""
         decoder, values, drafts = self.decoder, readout.values, self.drafts
         end = start
         for token in drafts:
@@ -191,7 +221,7 @@ class Lane:
         emitted = values[start:end]
         count, proposed = end - start, len(drafts)
         if self.kind is Kind.PACKED:
-            self.drafts = values[start + rows - self.width + min(count, self.width) : start + rows]
+            self.drafts = values[end_of_call - self.width + min(count, self.width) : end_of_call]
         else:
             self.kind = Kind.DRAFT
         self.last = emitted[-1]
