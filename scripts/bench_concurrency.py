@@ -19,7 +19,9 @@ a batched call carries, rising where it grows faster (a cross-request attention 
 A line per schedule gives the model us per evaluated row at each C (and the largest C's over the
 next largest), and ends `host ms per round C=<largest>/C=1: X`: the host work of a round at the
 largest C against C = 1 (1 would be host work that does not grow with C at all; C would be host
-work that grows as C).
+work that grows as C), from each level's least turn; then the same ratio of each rotation's two
+turns, least to largest and median (`rotations 4.6-5.6, median 5.0`): how far the machine's state
+moved it within the run.
 
 `--replay` adds a line per schedule: the same decodes replayed on the logits each level's decode
 recorded, against a model that returns them at no cost (packedss.benchmark.replay: `Replay` at
@@ -51,6 +53,7 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
 import time
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
@@ -219,9 +222,13 @@ def main(argv=None) -> int:
         rows = {c: min(model_row[c, True]) for c in levels}
         row_cells = ", ".join(f"C={c} {rows[c]:.2f}" for c in levels)
         below = levels[-2] if len(levels) > 1 else top
+        # Each rotation's own ratio: how far the machine's state moved the figure within this run.
+        rotations = sorted(one_top / one for one, one_top in zip(host[1, True], host[top, True]))
+        spread = (f" (rotations {rotations[0]:.1f}-{rotations[-1]:.1f}, median {statistics.median(rotations):.1f})"
+                  if top > 1 else "")  # fmt: skip
         print(f"{schedule}: model us per evaluated row {row_cells} (C={top}/C={below}: {rows[top] / rows[below]:.2f}); "
               f"host CPU ms per round {cpu_cells} (C={top}/C=1: {least_cpu[top] / least_cpu[1]:.1f}); "
-              f"host ms per round {cells}; host ms per round C={top}/C=1: {least[top] / least[1]:.1f}")  # fmt: skip
+              f"host ms per round {cells}; host ms per round C={top}/C=1: {least[top] / least[1]:.1f}{spread}")  # fmt: skip
         if args.coroutines:
             cells = ", ".join(f"C={c} {min(host[c, False]):.3f} (CPU {min(host_cpu[c, False]):.3f}; lanes / coroutines "
                               f"{least[c] / min(host[c, False]):.2f})" for c in levels[1:])  # fmt: skip

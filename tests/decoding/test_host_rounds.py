@@ -126,13 +126,20 @@ def test_bench_concurrency_prints_its_regime_and_a_ratio_line_per_schedule(capsy
         hosts = {c: [float(re.search(r"host ms per round +" + number, line).group(1)) for line in turns if f"C={c} " in line]
                  for c in (1, 2)}  # fmt: skip
         (summary,) = [line for line in lines if line.startswith(f"{schedule}: ")]
-        found = re.search(rf"; host ms per round C=1 {number}, C=2 {number}; host ms per round C=2/C=1: {number}$", summary)
+        found = re.search(rf"; host ms per round C=1 {number}, C=2 {number}; host ms per round C=2/C=1: {number} "
+                          rf"\(rotations {number}-{number}, median {number}\)$", summary)  # fmt: skip
         least = [float(found.group(1)), float(found.group(2))]
         assert least == pytest.approx([min(hosts[1]), min(hosts[2])], abs=1e-3)  # each level's least turn
         # The ratio is printed to 0.1, from least values the line rounds to 1e-3 ms.
         ratio, rounding = least[1] / least[0], least[1] / least[0] * 0.0005 * (1 / least[0] + 1 / least[1])
         assert float(found.group(3)) == pytest.approx(ratio, abs=0.051 + rounding)
         assert all(value > 0 for value in least)
+        # Each rotation's C = 2 turn over its C = 1 turn, the turns here rounded to 1e-3 ms.
+        rotations = sorted(two / one for one, two in zip(hosts[1], hosts[2]))
+        printed = [float(found.group(k)) for k in (4, 5, 6)]
+        expected = [rotations[0], rotations[-1], sum(rotations) / 2]
+        slack = [0.051 + r * 0.0005 * (1 / min(hosts[1]) + 1 / min(hosts[2])) for r in expected]
+        assert all(p == pytest.approx(e, abs=s) for p, e, s in zip(printed, expected, slack)), (printed, expected)
         rows = {c: [float(re.search(r"model us per row +" + number, line).group(1)) for line in turns if f"C={c} " in line]
                 for c in (1, 2)}  # fmt: skip
         found = re.search(rf"^{schedule}: model us per evaluated row C=1 {number}, C=2 {number} \(C=2/C=1: {number}\);", summary)
