@@ -37,13 +37,14 @@ from packedss.decoding.verify import DecidedMargins
 
 
 class Kind(enum.Enum):
-    """What a lane's next call is."""
+    """What a lane's next call is (SDAR's calls add a query row after the clean rows for each row
+    that verifies: packedss.decoding.queried)."""
 
     PREFILL = "prefill"
-    AR = "ar"  # one row: the last token
+    AR = "ar"  # the last token (SDAR: and its query)
     DRAFT = "draft"  # Linear-SS's draft call: [last, W masks]
-    VERIFY = "verify"  # Linear-SS's verify call: [last, its W drafts], causal
-    PACKED = "packed"  # Packed-SS's call: verify rows, padding, draft block
+    VERIFY = "verify"  # Linear-SS's verify call: [last, its W drafts], causal (SDAR: and W + 1 queries)
+    PACKED = "packed"  # Packed-SS's call: verify rows (SDAR: and their queries), padding, draft block
 
 
 _AFTER_PREFILL = {_AR: Kind.AR, _Linear: Kind.DRAFT, _Packed: Kind.PACKED,
