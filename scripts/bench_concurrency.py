@@ -42,8 +42,9 @@ decodes with the phases timed, the one of least host CPU time per round.
     python scripts/bench_concurrency.py --schedules linear,packed --concurrency 1,16,64 --replay
 `--coroutines` adds, for each C > 1, a turn of the same decodes with every request run as its
 coroutine (`decode_batched(..., lockstep=False)`; without it greedy AR, Linear-SS and Packed-SS
-requests of the Nemotron and SDAR families are lanes, packedss.decoding.lockstep), in the same rotation as the levels, and a line per
-schedule of its host ms per round beside the lanes' (the same for schedules that have no lanes).
+requests of the Nemotron and SDAR families are lanes, packedss.decoding.lockstep), in the same
+rotation as the levels, and a line per schedule of its host ms per round beside the lanes' (the
+same for schedules that have no lanes).
 
     python scripts/bench_concurrency.py --schedules linear,packed --concurrency 1,64 --phases
     python scripts/bench_concurrency.py --schedules linear,packed --concurrency 1,64 --coroutines

@@ -7,7 +7,7 @@ line before anything is submitted, or, where sbatch --test-only cannot tell, nam
 The cluster runs its jobs side by side, so the scenarios run together, once per session (the
 first xdist worker runs them, under a file lock; their outcomes are kept in a JSON file), and
 each test checks one of them. The time-limit job is sized from this machine's time per
-response, to outlast its first attempt."""
+response, to outlast its first attempt, and the requeued job to outlast the requeue's delivery."""
 
 from __future__ import annotations
 

@@ -29,7 +29,14 @@ import torch
 from packedss.decoding.batched_ops import _Greedy
 from packedss.decoding.calls import Call, Listed
 from packedss.decoding.driver import Decoder, finished
-from packedss.decoding.queried import _packed_shape, _QueriedAR, _QueriedLinear, _QueriedPacked, _verify_shape, queried_prefill
+from packedss.decoding.queried import (
+    _packed_shape,
+    _QueriedAR,
+    _QueriedLinear,
+    _QueriedPacked,
+    _verify_shape,
+    queried_prefill,
+)
 from packedss.decoding.rows import Rows, uploaded
 from packedss.decoding.schedules import _AR, _Linear, _Packed, _causal_shape, _draft_shape, _packed_of, _prefill_listed
 from packedss.decoding.trace import Decoded
