@@ -62,6 +62,30 @@ def tiny_model(tiny_checkpoint):
     return load_nemotron(tiny_checkpoint, device="cpu", dtype="float64")
 
 
+# The shipped tiny models in float32, one instance per test module (a module's tests may change
+# its adapter, e.g. build a batch executor on it).
+SHIPPED = PROJECT_ROOT / "assets" / "models"
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load_nemotron(SHIPPED / "tiny", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def tiny_set():
+    from packedss.models.setdlm import load_setdlm
+
+    return load_setdlm(SHIPPED / "tiny-set", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def tiny_sdar():
+    from packedss.models.sdar import load_sdar
+
+    return load_sdar(SHIPPED / "tiny-sdar", dtype="float32")
+
+
 def write_test_tokenizer(path: Path) -> int:
     """A small byte-level BPE tokenizer trained on arith text (<pad> 0, <bos> 1, <eos> 2, <mask> 3),
     saved for AutoTokenizer like the shipped models' tokenizers. Returns its vocabulary size."""

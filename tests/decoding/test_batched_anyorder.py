@@ -13,7 +13,7 @@ from packedss.decoding.batched_anyorder import Propose, Verify, runs_of, set_rou
 from packedss.decoding.batched_ops import BATCHED
 from packedss.decoding.rows import Rows
 from packedss.decoding.verify import DecidedMargins, Sampling
-from tests.decoding.test_batching import MANY, _check, _requests, tiny_set  # noqa: F401 (fixture)
+from tests.decoding.test_batching import MANY, _check, _requests
 from tests.decoding.test_batching_wide import PAIRS
 
 ORDERS = ["ltr", "confidence"]

@@ -16,9 +16,6 @@ from packedss.decoding.driver import Response, run_alone, schedule_named
 from packedss.decoding.engine import CallBatch, Entry, Request, decode_batched
 from packedss.decoding.schedules import LTR_DECODERS
 from packedss.models.batched import BatchedCalls
-from packedss.models.nemotron import load_nemotron
-from packedss.models.setdlm import load_setdlm
-from packedss.paths import PROJECT_ROOT
 from tests.toy_ltr import ToyLTRModel
 
 GREEDY = Sampling(0.0, "rejection", None)
@@ -29,16 +26,6 @@ PROMPTS = [[5, 17, 33, 8, 91, 12, 7], [9, 4], [40, 41, 42, 43, 44, 45, 46, 47, 4
 CAPS = [30, 12, 22, 5, 17, 9]
 # C = 16 needs more requests than slots: 20 of them, from the same prompts and caps, rotated.
 MANY = [(PROMPTS[k % 6][k % 3 :] + [k + 20], CAPS[(k + k // 6) % 6]) for k in range(20)]
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return load_nemotron(PROJECT_ROOT / "assets" / "models" / "tiny", dtype="float32")
-
-
-@pytest.fixture(scope="module")
-def tiny_set():
-    return load_setdlm(PROJECT_ROOT / "assets" / "models" / "tiny-set", dtype="float32")
 
 
 def _sampling(temperature: float, rule: str, key: int) -> Sampling:

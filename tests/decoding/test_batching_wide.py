@@ -12,7 +12,7 @@ from packedss.decoding.anyorder import ANYORDER_DECODERS, AnyOrderSettings
 from packedss.decoding.schedules import LTR_DECODERS
 from packedss.families import FAMILIES
 from packedss.models.sdar import load_sdar
-from tests.decoding.test_batching import PROMPTS, _check, _requests, tiny, tiny_set  # noqa: F401 (fixtures)
+from tests.decoding.test_batching import PROMPTS, _check, _requests
 from tests.sdar_fixtures import SDAR_EOS, write_random_sdar
 
 WIDE = 64

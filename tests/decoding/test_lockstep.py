@@ -19,20 +19,7 @@ from packedss.decoding.engine import Request, decode_batched
 from packedss.decoding.lockstep import steps_in_lockstep
 from packedss.decoding.schedules import LTR_DECODERS
 from packedss.models.batched import BatchedCalls
-from packedss.models.nemotron import load_nemotron
-from packedss.models.sdar import load_sdar
-from packedss.paths import PROJECT_ROOT
 from tests.decoding.test_batching import CAPS, GREEDY, MANY, PROMPTS
-
-@pytest.fixture(scope="module")
-def tiny():
-    return load_nemotron(PROJECT_ROOT / "assets" / "models" / "tiny", dtype="float32")
-
-
-@pytest.fixture(scope="module")
-def tiny_sdar():
-    return load_sdar(PROJECT_ROOT / "assets" / "models" / "tiny-sdar", dtype="float32")
-
 
 DECODERS = {"nemotron": LTR_DECODERS, "sdar": SDAR_DECODERS}
 

@@ -20,7 +20,6 @@ from packedss.models.static import enable_static, end_warmup, static_capacity
 from packedss.paths import PROJECT_ROOT
 from tests.anyorder_fixtures import ToySetModel
 from tests.decoding import test_batching as batching
-from tests.decoding.test_batching import tiny, tiny_set  # noqa: F401 (fixtures)
 from tests.chi_square import LEVEL, accept_every_draft, chi_square_p
 from tests.decoding.test_anyorder import exact_ltr_distribution
 from tests.decoding.test_distribution import exact_ar_distribution

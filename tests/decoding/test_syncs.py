@@ -37,11 +37,6 @@ def counting_read_backs(monkeypatch):
     monkeypatch.undo()
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return load_nemotron(PROJECT_ROOT / "assets" / "models" / "tiny", dtype="float32")
-
-
 def _decode(model, schedule, width, sampling):
     settings = LTRSettings(schedule, width, 40, (), sampling, timing="events")
     return decode_ltr(model, PROMPT, settings)

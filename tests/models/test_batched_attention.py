@@ -10,14 +10,7 @@ import torch
 from packedss.decoding.calls import block_segment, causal_segment, pack
 from packedss.models import attention
 from packedss.models.batched import BatchedCalls
-from packedss.models.nemotron import load_nemotron
-from packedss.paths import PROJECT_ROOT
 from tests.decoding.test_batching import _batch
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return load_nemotron(PROJECT_ROOT / "assets" / "models" / "tiny", dtype="float32")
 
 
 def _scores(monkeypatch) -> list[tuple[int, int]]:
