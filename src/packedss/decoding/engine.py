@@ -14,10 +14,11 @@ lockstep rounds. In a round:
 
 A request's prefill thus rides in the next batched call beside the others' decode calls.
 
-Greedy AR, Linear-SS and Packed-SS requests are lanes instead (packedss.decoding.lockstep): no
-coroutine and no host wave; after each batched call the round's logits are read once (`readout`)
-and every lane steps on the values read (`step_lanes`) to its next call. Lanes and coroutines can
-share a round; `decode_batched(..., lockstep=False)` runs every request as its coroutine.
+Greedy AR, Linear-SS and Packed-SS requests (the Nemotron family's and SDAR's) are lanes instead
+(packedss.decoding.lockstep): no coroutine and no host wave; after each batched call the round's
+logits are read once (`readout`) and every lane steps on the values read (`step_lanes`) to its
+next call. Lanes and coroutines can share a round; `decode_batched(..., lockstep=False)` runs
+every request as its coroutine.
 
 Time: a batched call's model time is shared among its requests in proportion to their rows. The
 host time between two batched calls is shared equally among the requests that worked in it, since
@@ -347,7 +348,7 @@ def decode_batched(executor: BatchExecutor, requests: Iterable[Request], concurr
     of the executor serves one request at a time. An error in a decoder, or a signal, ends the
     batch and is raised here; closing the iterator early ends it too. Either way every unfinished
     request's coroutine is closed, which drops its slot's cache. With `lockstep` (the default),
-    greedy AR, Linear-SS and Packed-SS requests are stepped on flat state
+    greedy AR, Linear-SS and Packed-SS requests (Nemotron's and SDAR's) are stepped on flat state
     (packedss.decoding.lockstep), with the same records; without it every request runs as its
     coroutine (the reference the lockstep tests compare with)."""
     if concurrency < 1:

@@ -180,7 +180,6 @@ class Lane:
         """Take its call's `rows` read rows, rows start.. of `readout` (its lane k = `lane`); its
         record when it ended."""
         kind, decoder, values = self.kind, self.decoder, readout.values
-        verifier = start + self.verifier_row()
         if kind is Kind.DRAFT:
             decoder.model.commit(0)
             self.drafts = values[start + 1 : start + rows]
@@ -196,10 +195,10 @@ class Lane:
         elif kind is Kind.AR:
             decoder.model.commit(1)
             decoder.position += 1
-            done = self.first(readout, verifier, lane)
+            done = self.first(readout, start + self.verifier_row(), lane)
             self.count(1, 0)
         else:
-            done = self.verified(readout, verifier, start + rows, lane)
+            done = self.verified(readout, start + self.verifier_row(), start + rows, lane)
         if not done:
             return None
         record = finished(decoder, len(decoder.prompt), self.accepted, self.drafted, self.accepted_drafts)
