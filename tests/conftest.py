@@ -128,7 +128,7 @@ def write_random_nemotron_with_tokenizer(path: Path, seed: int = 0) -> Path:
     return path
 
 
-SHIPPED_TINY = PROJECT_ROOT / "assets" / "models" / "tiny" / "config.json"
+SHIPPED_TINY = SHIPPED / "tiny" / "config.json"
 
 
 @pytest.fixture(scope="module")
