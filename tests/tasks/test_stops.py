@@ -70,14 +70,14 @@ def streams(tokenizer, count: int, seed: int) -> list[list[int]]:
 def agree(tokenizer, stops: list[str], seed: int) -> int:
     """Feed streams to both checks a few tokens at a time; both must cut at the same token. Returns
     how many cuts they agreed on."""
-    check, reference, cuts, rng = make_stop_check(tokenizer, stops), decoded_check(tokenizer, stops), 0, random.Random(seed)
+    check, reference = make_stop_check(tokenizer, stops), decoded_check(tokenizer, stops)
+    cuts, rng = 0, random.Random(seed)
     for ids in streams(tokenizer, 60, seed):
         end = 0
         while end < len(ids):
-            new = rng.randint(1, 6)
-            end = min(len(ids), end + new)
+            new = min(rng.randint(1, 6), len(ids) - end)
+            end += new
             tokens = ids[:end]
-            new = min(new, len(tokens))
             assert check(tokens, new) == reference(tokens, new), (stops, tokens, new)
             if reference(tokens, new) is not None:
                 cuts += 1
