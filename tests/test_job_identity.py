@@ -211,24 +211,25 @@ def test_every_model_config_that_names_a_width_is_in_the_docs_table_of_defaults(
         assert rows[path.stem] == (str(width) if width is not None else "8 (global)"), path.stem
 
 
-@pytest.mark.parametrize("overrides, old_hash, sampler", [
-    (["model=tiny", "schedule=packed"], "724fdd96e9375e6d", None),
-    (["model=tiny-sdar", "schedule=sdar-native", "temperature=1"], "80c7fbf79a69cded", None),
-    (["model=tiny", "schedule=packed", "temperature=1"], "041bb72012b5180f", "inverse-cdf"),
-    (["model=tiny-set", "schedule=ar", "temperature=1"], "3db2004464bdd6af", "inverse-cdf"),
+@pytest.mark.parametrize("overrides, race_hash, inverse_cdf_hash, sampler", [
+    (["model=tiny", "schedule=packed"], "724fdd96e9375e6d", "724fdd96e9375e6d", None),
+    (["model=tiny-sdar", "schedule=sdar-native", "temperature=1"], "80c7fbf79a69cded", "80c7fbf79a69cded", None),
+    (["model=tiny", "schedule=packed", "temperature=1"], "041bb72012b5180f", "f4747f0ff01c6a37", "blocked-inverse-cdf"),
+    (["model=tiny-set", "schedule=ar", "temperature=1"], "3db2004464bdd6af", "54a5c98683b28afa", "blocked-inverse-cdf"),
 ])  # fmt: skip
-def test_the_inverse_cdf_sampler_is_identity_only_for_the_jobs_it_changed(overrides, old_hash, sampler):
-    """The hashes are those the jobs had before T > 0 sampling moved to the inverse CDF: a job it
-    did not change (T = 0; SDAR's native decoder, which keeps the exponential race) keeps its
-    identity and its record file; a T > 0 job it changed gets a new one, so a resume never appends
-    new-sampler responses to a file of old ones."""
+def test_each_sampler_is_identity_only_for_the_jobs_it_changed(overrides, race_hash, inverse_cdf_hash, sampler):
+    """The hashes are those the jobs had while T > 0 sampling was the exponential race, then the
+    inverse CDF over the whole vocabulary: a job neither changed (T = 0; SDAR's native decoder,
+    which keeps the race) keeps its identity and its record file; a T > 0 job each changed gets a
+    new one, so a resume never appends new-sampler responses to a file of old ones."""
     from packedss.benchmark.loading import compose_run_config
     from packedss.job import configured_spec
 
     spec = configured_spec(compose_run_config(overrides))
     assert spec.sampler == sampler
     assert ("sampler" in spec.fields()) == (sampler is not None)
-    assert (spec.config_hash == old_hash) == (sampler is None)
+    assert (spec.config_hash == race_hash) == (sampler is None)
+    assert (spec.config_hash == inverse_cdf_hash) == (sampler is None)
 
 
 def test_spec_benchs_per_category_selects_questions_and_is_not_identity():

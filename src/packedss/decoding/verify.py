@@ -7,12 +7,17 @@ once (its `.tolist()` of the accepted length and tokens); drafting and sampling 
 - `match`: sample v_i ~ p_i, accept while v_i == d_i, emit the v's.
 Both sampling rules preserve the verifier's distribution p exactly.
 
-Sampling is by the inverse CDF: row i's token is the first whose cumulative probability (float64)
-exceeds u_i times the row's total, u_i a float32 uniform of the response's own generator (one per
-row: `uniforms`). It picks token j with probability p_j / sum(p) to the uniform's resolution of
-2^-24, never a zero-probability token, and needs one random number per row (the exponential race
-it replaced drew one per vocabulary entry), so a batch (packedss.decoding.batched_ops) draws every
-request's uniforms from its own generator and samples every row of a round in one operation.
+Sampling is by a blocked inverse CDF (`inverse_cdf`): row i's token is the first whose cumulative
+probability exceeds u_i times the row's total, u_i a float32 uniform of the response's own
+generator (one per row: `uniforms`). The vocabulary is cut into blocks of about its square root
+(`vocabulary_block`); the cumulative sum runs over the blocks' masses, then inside the one block
+the target falls in, both in float64. It picks token j with probability p_j / sum(p) to the
+uniform's resolution of 2^-24 and the float32 rounding of a block's mass (the rounding p_j itself
+carries), never a zero-probability token, and needs one random number per row (the exponential
+race before it drew one per vocabulary entry), so a batch (packedss.decoding.batched_ops) draws
+every request's uniforms from its own generator and samples every row of a round in one
+operation. No (rows, vocabulary) float64 copy is made: a cumulative sum over the whole vocabulary
+in float64 (the sampler before this one) wrote two of them, 16 bytes per row and entry.
 Nothing reads the device back (`torch.multinomial` checks its input, two syncs per draw on CUDA).
 SAMPLER names this rule in the identity of the jobs that draw by it (docs/records.md).
 
@@ -54,7 +59,7 @@ def probabilities(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     return torch.softmax(logits if temperature == 1.0 else logits / temperature, dim=-1)
 
 
-SAMPLER = "inverse-cdf"  # how a sampled token is drawn (module docstring)
+SAMPLER = "blocked-inverse-cdf"  # how a sampled token is drawn (module docstring)
 EXPONENTIAL_RACE = "exponential-race"  # the draw SDAR's native decoder and S2D2 keep (exponential_race)
 
 
@@ -63,12 +68,40 @@ def uniforms(count: int, generator: torch.Generator | None, device: torch.device
     return torch.rand(count, generator=generator, device=device)
 
 
+def vocabulary_block(vocabulary: int) -> int:
+    """The blocks `inverse_cdf` cuts a vocabulary into: the power of two nearest above its square
+    root (32 for 1,024 entries, 512 for 151,936)."""
+    return 1 << (max(vocabulary - 1, 1).bit_length() + 1) // 2
+
+
 def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
-    """Row i's token: the first whose cumulative probability exceeds uniform[i] x the row's total
-    (in float64, where uniform[i] <= 1 - 2^-24 keeps the target below the total)."""
-    cdf = probs.double().cumsum(dim=-1)
-    target = uniform.double() * cdf[:, -1]
-    return torch.searchsorted(cdf, target[:, None], right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)
+    """Row i's token: the first whose cumulative probability exceeds uniform[i] x the row's total.
+    The block is the first whose cumulative mass (float32 block sums, accumulated in float64)
+    exceeds the target, and so has mass; inside it, the target's remainder is clamped below the
+    block's own float64 total, so the token found has probability above zero. Every step is the
+    row's own: a row's token does not depend on the rows drawn beside it."""
+    rows, vocabulary = probs.shape
+    block = vocabulary_block(vocabulary)
+    whole = vocabulary // block
+    ragged = whole * block < vocabulary
+    masses = probs[:, : whole * block].reshape(rows, whole, block).sum(dim=-1)
+    if ragged:
+        masses = torch.cat([masses, probs[:, whole * block :].sum(dim=-1, keepdim=True)], dim=1)
+    masses = masses.double()
+    ends = masses.cumsum(dim=-1)
+    target = (uniform.double() * ends[:, -1]).unsqueeze_(1)
+    chosen = torch.searchsorted(ends, target, right=True).clamp_(max=masses.shape[1] - 1)
+    remainder = (target - ends.gather(1, chosen) + masses.gather(1, chosen)).clamp_(min=0)
+    columns = chosen * block + torch.arange(block, device=probs.device)
+    if ragged:
+        inside = probs.gather(1, columns.clamp(max=vocabulary - 1)).masked_fill_(columns >= vocabulary, 0)
+    else:
+        inside = probs.gather(1, columns)
+    inside = inside.double().cumsum_(dim=-1)
+    total = inside[:, -1:]
+    remainder = torch.minimum(remainder, torch.nextafter(total, torch.zeros_like(total)))
+    offset = torch.searchsorted(inside, remainder, right=True).clamp_(max=block - 1)
+    return columns.gather(1, offset).squeeze_(1)
 
 
 def sample_tokens(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
