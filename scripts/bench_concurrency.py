@@ -53,7 +53,6 @@ same for schedules that have no lanes).
 from __future__ import annotations
 
 import os
-import platform
 import statistics
 import time
 
@@ -61,6 +60,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
+from packedss.benchmark import cpu_name  # noqa: E402
 from packedss.benchmark.phases import PHASES, engine_phases  # noqa: E402
 from packedss.benchmark.replay import BatchReplay, Replay, recording  # noqa: E402
 from packedss.benchmark.schedules import BenchSettings, load  # noqa: E402
@@ -98,14 +98,6 @@ class ModelCPU:
                 self.ns += time.thread_time_ns() - started
 
         model.run = timed
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as handle:
-            return next(line.split(":", 1)[1].strip() for line in handle if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or "unknown CPU"
 
 
 def main(argv=None) -> int:

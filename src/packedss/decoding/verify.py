@@ -74,6 +74,11 @@ def vocabulary_block(vocabulary: int) -> int:
     return 1 << (max(vocabulary - 1, 1).bit_length() + 1) // 2
 
 
+# Below a positive float64 total by at least one unit in its last place: the largest remainder a
+# block's own cumulative sum holds strictly.
+BELOW_ONE = 1.0 - 2.0**-51
+
+
 def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """Row i's token: the first whose cumulative probability exceeds uniform[i] x the row's total.
     The block is the first whose cumulative mass (float32 block sums, accumulated in float64)
@@ -87,19 +92,18 @@ def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     masses = probs[:, : whole * block].reshape(rows, whole, block).sum(dim=-1)
     if ragged:
         masses = torch.cat([masses, probs[:, whole * block :].sum(dim=-1, keepdim=True)], dim=1)
-    masses = masses.double()
-    ends = masses.cumsum(dim=-1)
-    target = (uniform.double() * ends[:, -1]).unsqueeze_(1)
-    chosen = torch.searchsorted(ends, target, right=True).clamp_(max=masses.shape[1] - 1)
-    remainder = (target - ends.gather(1, chosen) + masses.gather(1, chosen)).clamp_(min=0)
-    columns = chosen * block + torch.arange(block, device=probs.device)
+    # starts[:, b]: the mass before block b, from 0; its last column is the row's total
+    starts = torch.nn.functional.pad(masses.double(), (1, 0)).cumsum_(dim=-1)
+    target = uniform.double().mul_(starts[:, -1]).unsqueeze_(1)
+    chosen = torch.searchsorted(starts, target, right=True).clamp_(max=masses.shape[1]).sub_(1)
+    remainder = target - starts.gather(1, chosen)  # >= 0: the block's start is at most the target
+    columns = torch.arange(block, device=probs.device).add(chosen, alpha=block)
     if ragged:
         inside = probs.gather(1, columns.clamp(max=vocabulary - 1)).masked_fill_(columns >= vocabulary, 0)
     else:
         inside = probs.gather(1, columns)
     inside = inside.double().cumsum_(dim=-1)
-    total = inside[:, -1:]
-    remainder = torch.minimum(remainder, torch.nextafter(total, torch.zeros_like(total)))
+    remainder = torch.minimum(remainder, inside[:, -1:] * BELOW_ONE)
     offset = torch.searchsorted(inside, remainder, right=True).clamp_(max=block - 1)
     return columns.gather(1, offset).squeeze_(1)
 
