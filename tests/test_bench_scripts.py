@@ -548,17 +548,15 @@ def test_compiled_calls_are_compiled_block_by_block_and_reported_after_each(tmp_
 
 
 def test_bench_sampler_times_both_draws_on_the_same_rows_and_measures_their_peaks(capsys):
-    """Its rows agree with the whole vocabulary's draw (random rows, fixed seeds: no boundary is hit),
-    and the peak a whole-vocabulary draw adds over 4,096 x 1,024 rows is at least its two float64
-    copies, 64 MiB, while the blocked draw's stays far below it."""
+    """Its rows agree with the whole vocabulary's draw (random rows, fixed seeds: no boundary is
+    hit), and the peak a whole-vocabulary draw adds over 2,048 x 1,000 rows is at least its two
+    float64 copies, 31 MiB, while the blocked draw's stays far below it."""
     bench = runpy.run_path(str(PROJECT_ROOT / "scripts" / "bench_sampler.py"))
-    assert bench["main"](["--vocab", "1000,1024", "--rows", "1,4096", "--repeats", "2"]) == 0
+    assert bench["main"](["--vocab", "1000", "--rows", "2048", "--repeats", "2"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("regime: one draw, softmax rows of float32, cpu (") and "1 intra-op thread(s)" in lines[0]
-    results = json.loads(lines[-1])
-    assert [(r["vocab"], r["rows"]) for r in results] == [(1000, 1), (1000, 4096), (1024, 1), (1024, 4096)]
-    for result, line in zip(results, lines[1:-1]):
-        assert result["agree"] == 1.0 and all(ms > 0 for ms in result["ms"].values())
-        assert line.startswith(f"V={result['vocab']} R={result['rows']}: whole {result['ms']['whole']:.3f} ms")
-    widest = results[-1]["peak_mib"]
-    assert widest["whole"] >= 60 and widest["blocked"] < widest["whole"] / 8, widest
+    [result] = json.loads(lines[-1])
+    assert (result["vocab"], result["rows"], result["agree"]) == (1000, 2048, 1.0)
+    assert lines[1].startswith(f"V=1000 R=2048: whole {result['ms']['whole']:.3f} ms, blocked {result['ms']['blocked']:.3f} ms")
+    peaks = result["peak_mib"]
+    assert peaks["whole"] >= 30 and peaks["blocked"] < peaks["whole"] / 8, peaks
