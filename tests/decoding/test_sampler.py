@@ -64,6 +64,8 @@ def test_the_ends_of_the_uniform_draw_the_first_and_the_last_token_with_probabil
     drawn = inverse_cdf(probs, torch.tensor([0.0, TOP, 0.5]))
     # 0.5 x 1 is the end of block 3: the target's block is the next with mass
     assert drawn.tolist() == [70, 900, 900]
+    # a row without mass (never a softmax's) still draws a token of the vocabulary
+    assert 0 <= inverse_cdf(torch.zeros(1, vocabulary), torch.tensor([0.5])).item() < vocabulary
 
 
 def block_sums(probs: torch.Tensor, block: int) -> torch.Tensor:

@@ -69,8 +69,8 @@ def uniforms(count: int, generator: torch.Generator | None, device: torch.device
 
 
 def vocabulary_block(vocabulary: int) -> int:
-    """The blocks `inverse_cdf` cuts a vocabulary into: the power of two nearest above its square
-    root (32 for 1,024 entries, 512 for 151,936)."""
+    """The blocks `inverse_cdf` cuts a vocabulary into: the smallest power of two not below its
+    square root (32 for 1,024 entries, 512 for 151,936)."""
     return 1 << (max(vocabulary - 1, 1).bit_length() + 1) // 2
 
 
@@ -81,8 +81,8 @@ BELOW_ONE = 1.0 - 2.0**-51
 
 def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """Row i's token: the first whose cumulative probability exceeds uniform[i] x the row's total.
-    The block is the first whose cumulative mass (float32 block sums, accumulated in float64)
-    exceeds the target, and so has mass; inside it, the target's remainder is clamped below the
+    The block is the first whose cumulative mass (block sums in the probabilities' dtype,
+    accumulated in float64) exceeds the target, and so has mass; inside it, the target's remainder is clamped below the
     block's own float64 total, so the token found has probability above zero. Every step is the
     row's own: a row's token does not depend on the rows drawn beside it."""
     rows, vocabulary = probs.shape
@@ -98,8 +98,10 @@ def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     chosen = torch.searchsorted(starts, target, right=True).clamp_(max=masses.shape[1]).sub_(1)
     remainder = target - starts.gather(1, chosen)  # >= 0: the block's start is at most the target
     columns = torch.arange(block, device=probs.device).add(chosen, alpha=block)
-    if ragged:
-        inside = probs.gather(1, columns.clamp(max=vocabulary - 1)).masked_fill_(columns >= vocabulary, 0)
+    if ragged:  # the last block's columns past the vocabulary: no token, no mass
+        past = columns >= vocabulary
+        columns = columns.clamp_(max=vocabulary - 1)
+        inside = probs.gather(1, columns).masked_fill_(past, 0)
     else:
         inside = probs.gather(1, columns)
     inside = inside.double().cumsum_(dim=-1)
