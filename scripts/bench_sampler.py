@@ -7,7 +7,9 @@ For each V and R the two take turns `--repeats` times, each keeping its least ti
 is whole over blocked. The peak is the memory a draw adds over its inputs: on CUDA the allocator's
 peak, on a CPU the growth of the resident set's high-water mark in a fresh process of its own
 (the inputs made first). `agree` is the fraction of rows that draw the same token by both (they
-round apart only where a target lies within rounding of a token's boundary).
+round apart only where a target lies within rounding of a token's boundary). `--json` is rewritten
+after every (V, R), so a run cut short keeps what it measured (scripts/gpu_check.sh's `sampler`
+step).
 
     python scripts/bench_sampler.py --vocab 1024,151936 --rows 1,8,512 --repeats 10
     python scripts/bench_sampler.py --device cuda --vocab 151936 --rows 64,4096
@@ -20,10 +22,11 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from packedss.benchmark import cpu_name
+from packedss.benchmark import cpu_name, write_report
 from packedss.decoding.verify import inverse_cdf
 from packedss.errors import ArgumentParser, number, numbers, run_cli
 
@@ -111,7 +114,10 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     ap.add_argument("--threads", type=number(int, 1), default=1, help="CPU intra-op threads")
     ap.add_argument("--repeats", type=number(int, 1), default=10, help="turns of each sampler; each keeps its least")
+    ap.add_argument("--json", default=None, help="write every measurement here, after each (V, R)")
     args = ap.parse_args(argv)
+    if args.json and not Path(args.json).expanduser().absolute().parent.is_dir():
+        ap.error(f"--json {args.json}: its directory does not exist; create it or pick another path")
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda, but torch finds no CUDA device here; use --device cpu")
     if args.device == "cpu" and not os.path.exists("/proc/self/clear_refs"):
@@ -119,9 +125,12 @@ def main(argv=None) -> int:
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"{cpu_name()}, {os.cpu_count()} cores"
-    print(f"regime: one draw, softmax rows of float32, {device.type} ({name}), eager, {torch.get_num_threads()} intra-op "
-          f"thread(s), torch {torch.__version__}, least of {args.repeats} turns; peak: memory a draw adds over its inputs")  # fmt: skip
+    regime = (f"one draw, softmax rows of float32, {device.type} ({name}), eager, {torch.get_num_threads()} intra-op "
+              f"thread(s), torch {torch.__version__}, least of {args.repeats} turns; peak: memory a draw adds over its "
+              "inputs")  # fmt: skip
+    print(f"regime: {regime}")
     results = []
+    report = {"regime": regime, "device": device.type, "results": results, "done": False}
     for vocab in args.vocab:
         for rows in args.rows:
             probs, uniform = inputs(rows, vocab, device)
@@ -133,6 +142,11 @@ def main(argv=None) -> int:
             print(f"V={vocab} R={rows}: whole {ms['whole']:.3f} ms, blocked {ms['blocked']:.3f} ms, "
                   f"whole/blocked {ms['whole'] / ms['blocked']:.2f}; peak whole {peaks['whole']:.1f} MiB, "
                   f"blocked {peaks['blocked']:.1f} MiB; agree {agree:.4f}")  # fmt: skip
+            if args.json:
+                write_report(Path(args.json), report)
+    report["done"] = True
+    if args.json:
+        write_report(Path(args.json), report)
     print(json.dumps(results))
     return 0
 

@@ -27,7 +27,6 @@ a run cut short keeps what it measured.
 from __future__ import annotations
 
 import contextlib
-import json
 import warnings
 from pathlib import Path
 
@@ -35,6 +34,7 @@ import torch
 from transformers import AutoTokenizer
 
 from packedss.analysis.audit import CLASSES, classify
+from packedss.benchmark import write_report
 from packedss.decoding import LTRSettings, Sampling, decode_ltr
 from packedss.errors import ArgumentParser, PackedSSError, names, number, numbers, run_cli
 from packedss.models.checkpoint import DTYPES
@@ -111,10 +111,7 @@ def main(argv=None) -> int:
                     "syncs": [], "audit": [], "failed": [], "done": False}  # fmt: skip
 
     def write() -> None:
-        target = Path(args.json)
-        temporary = target.with_name(target.name + ".tmp")
-        temporary.write_text(json.dumps(report, indent=1) + "\n")
-        temporary.replace(target)  # whole files only: a reader never sees a half-written JSON
+        write_report(Path(args.json), report)
 
     def decode(schedule, width, prompt, sampling):
         return decode_ltr(model, prompt, LTRSettings(schedule, width, args.max_new_tokens, eos, sampling, timing="events"))

@@ -25,7 +25,6 @@ harness's own).
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -34,6 +33,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import torch  # noqa: E402
 
+from packedss.benchmark import write_report  # noqa: E402
 from packedss.benchmark.calls import (  # noqa: E402
     COMPILE_KINDS,
     FLOOR_KINDS,
@@ -112,9 +112,7 @@ def main(argv=None) -> int:
         run.update({"calls": results, "compile_s": compile_s, "graph_vs_eager": compared, "ratios_2B_B": ratios_2b_b(results),
                     "median_ratio": median_ratio(results),
                     "compiled_floor_median": median_ratio(results, "compiled_floor", FLOOR_KINDS)})  # fmt: skip
-        temporary = path.with_name(path.name + ".tmp")
-        temporary.write_text(json.dumps(report, indent=1) + "\n")
-        temporary.replace(path)  # whole files only: a reader never sees a half-written JSON
+        write_report(path, report)
 
     report["rows"] = rows
     results, compile_s = bench_compiled(adapter, args.compile, args.blocks, args.prefix, args.warmup, args.iters,

@@ -30,6 +30,8 @@
 #                  the eager call of the same input before it is timed, beside the products and
 #                  HBM floors
 #   syncs          scripts/check_decode.py: host syncs per response under set_sync_debug_mode
+#   sampler        scripts/bench_sampler.py: one T > 0 draw of 64 and 2,048 rows over 131,072 entries,
+#                  the blocked inverse CDF beside the whole-vocabulary one: time and peak memory
 #   concurrency-8b scripts/gpu_concurrency.py: tiny deciding, an 8B cost twin timed (eager calls:
 #                  host-bound), AR, Linear-SS and Packed-SS at W = 31, C = 1 against C = 8, 8 arith
 #                  questions, 32 new tokens
@@ -84,18 +86,20 @@ if [ "$DRY" = 1 ]; then
   AUDIT="--limit 2 --max-new-tokens 12 --widths 8" NEW=12
   CALLS="--blocks 2,1 --prefix 8 --warmup 1 --iters 2 --stream-mib 4"
   CONCURRENCY="--concurrency 1,2 --width 3 --limit 2 --max-new-tokens 8"
+  SAMPLER="--vocab 1000 --rows 2048 --repeats 2"
 else
   SLACK=1 DEVICE=cuda THREADS=0 SHAPE=nemotron8b CUDA_FLAG=--cuda DEVICE_CHECK="--device cuda"
   AUDIT="--limit 5 --max-new-tokens 64 --widths 8,16,31" NEW=64
   CALLS="--blocks 32,16,8 --prefix 1024 --warmup 3 --iters 10"
   CONCURRENCY="--concurrency 1,8 --width 31 --limit 8 --max-new-tokens 32"
+  SAMPLER="--vocab 131072 --rows 64,2048 --repeats 3"
 fi
 
 # name, budget (s) on an H200, what it runs; docs/performance.md §8 gives each budget's source.
-ALL_STEPS=(wheels preflight audit-fp32 audit-bf16 graphs-8b syncs concurrency-8b summary pack)
+ALL_STEPS=(wheels preflight audit-fp32 audit-bf16 graphs-8b syncs sampler concurrency-8b summary pack)
 ALWAYS=" wheels summary pack "
-declare -A BUDGET=([wheels]=10 [preflight]=50 [audit-fp32]=25 [audit-bf16]=25 [graphs-8b]=260 [syncs]=20
-                   [concurrency-8b]=55 [summary]=10 [pack]=10)
+declare -A BUDGET=([wheels]=10 [preflight]=45 [audit-fp32]=25 [audit-bf16]=25 [graphs-8b]=260 [syncs]=20
+                   [sampler]=10 [concurrency-8b]=55 [summary]=5 [pack]=10)
 [ -z "${ONLY:-}" ] || [ -z "${SKIP:-}" ] || die "ONLY=$ONLY and SKIP=$SKIP both set; give one: ONLY names the steps to run, SKIP those to leave out"
 for name in ${ONLY//,/ } ${SKIP//,/ }; do
   [ -n "${BUDGET[$name]:-}" ] || die "no step '$name' (ONLY=${ONLY:-}, SKIP=${SKIP:-}); the steps: ${ALL_STEPS[*]}"
@@ -116,6 +120,7 @@ declare -A WHAT=(
   [audit-bf16]="scripts/check_decode.py --dtype bfloat16 --checks audit $AUDIT"
   [graphs-8b]="scripts/gpu_calls.py --shape $SHAPE --compile $COMPILE $CALLS"
   [syncs]="scripts/check_decode.py --dtype bfloat16 --checks syncs --limit 1 --max-new-tokens $NEW"
+  [sampler]="scripts/bench_sampler.py --device $DEVICE $SAMPLER"
   [concurrency-8b]="scripts/gpu_concurrency.py --shape $SHAPE --schedules ar,linear,packed $CONCURRENCY"
   [summary]="scripts/gpu_summary.py --results RESULTS $CUDA_FLAG"
   [pack]="tar RESULTS into OUT/gpu_check.tar.gz; OUT/gpu_check.json, OUT/summary.md"
@@ -233,6 +238,7 @@ step graphs-8b "$PY" scripts/gpu_calls.py --shape $SHAPE --device $DEVICE --dtyp
   --threads $THREADS $CALLS --json "$RESULTS/graphs-8b.json"
 step syncs "$PY" scripts/check_decode.py --device $DEVICE --dtype bfloat16 --checks syncs --limit 1 \
   --max-new-tokens $NEW --json "$RESULTS/syncs.json"
+step sampler "$PY" scripts/bench_sampler.py --device $DEVICE $SAMPLER --json "$RESULTS/sampler.json"
 step concurrency-8b "$PY" scripts/gpu_concurrency.py --shape $SHAPE --device $DEVICE --threads $THREADS \
   --schedules ar,linear,packed $CONCURRENCY --out "$RESULTS/concurrency-8b" --json "$RESULTS/concurrency-8b.json"
 finish

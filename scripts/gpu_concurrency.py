@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import json
 import subprocess
 import sys
 import threading
 from pathlib import Path
 
+from packedss.benchmark import write_report
 from packedss.errors import ArgumentParser, PackedSSError, closest, names, number, numbers, run_cli
 from packedss.models.cost_twin import SHAPES
 from packedss.paths import PROJECT_ROOT
@@ -126,9 +126,7 @@ def main(argv=None) -> int:
     path = Path(args.json)
 
     def write() -> None:
-        temporary = path.with_name(path.name + ".tmp")
-        temporary.write_text(json.dumps(report, indent=1) + "\n")
-        temporary.replace(path)
+        write_report(path, report)
 
     groups = [(names, width) for names, width in (([x for x in args.schedules if x != "quadratic"], args.width),
               (["quadratic"] if "quadratic" in args.schedules else [], args.quadratic_width)) if names]  # fmt: skip

@@ -13,7 +13,8 @@ The checks: the preflight (the backbones take the adapters' cache keyword), floa
 and the bfloat16 divergence audit of tiny, the 8B shape's calls under CUDA graphs (each compiled
 call against the eager call of the same input, graph replays, the 2B/B ratio at B = 32, every
 call against the HBM floor of what it moves), host syncs per response (under
-torch.cuda.set_sync_debug_mode), and one C = 1 against C = 8 concurrency point on eager,
+torch.cuda.set_sync_debug_mode), the T > 0 draw's peak memory (the blocked inverse CDF against the
+whole-vocabulary one), and one C = 1 against C = 8 concurrency point on eager,
 host-bound calls (every response written, the audit at each C, Packed/Linear by C). A step left
 out of the run's plan (gpu_check.sh's ONLY or SKIP; RESULTS/plan.tsv) has its checks SKIP; a step
 cut short (exit status 124 or 137) is named so in the steps' table.
@@ -34,10 +35,15 @@ RATIO_2B_B_MAX = 1.30  # a 2B-row call at most 1.3x a B-row call at B = 32 (8B s
 HBM_FLOOR_MAX = 2.0  # a compiled call of B or 2B rows at most 2x the HBM floor (8B shape)
 RATIO_BLOCK = 32
 FLOOR_KINDS = ("ar", "linear-verify", "packed")  # R = 1, B and 2B rows (those the step timed)
-STEPS = ("wheels", "preflight", "audit-fp32", "audit-bf16", "graphs-8b", "syncs", "concurrency-8b")
+# The blocked draw adds at most 1/8 of the whole-vocabulary draw's memory (tests/test_bench_scripts.py
+# holds the same bound on the CPU) and draws the same tokens but where a target rounds across a boundary.
+SAMPLER_PEAK_FRACTION = 8
+SAMPLER_AGREE_MIN = 0.999
+STEPS = ("wheels", "preflight", "audit-fp32", "audit-bf16", "graphs-8b", "syncs", "sampler", "concurrency-8b")
 STEP_CHECKS = {"preflight": ("preflight",), "audit-fp32": ("fp32-exact",), "audit-bf16": ("audit-bf16",),
                "graphs-8b": ("graph-vs-eager-8b", "graph-replays-8b", "memory-bound-8b", "hbm-floor-8b"),
-               "syncs": ("syncs",), "concurrency-8b": ("concurrency-runs", "concurrency-audit")}  # fmt: skip
+               "syncs": ("syncs",), "sampler": ("sampler-peak",),
+               "concurrency-8b": ("concurrency-runs", "concurrency-audit")}  # fmt: skip
 CUT_SHORT = (124, 137)  # timeout's status, and SIGKILL's (timeout -k) when a step ignored the TERM
 NO_CUDA = "no CUDA device (DRY=1 runs on the CPU)"
 GRAPH_DIFFERS = "graph replay differs from eager"
@@ -166,6 +172,23 @@ def syncs(checks: Checks, steps: dict) -> None:
                f"{NO_CUDA}: the sync debug mode counts CUDA syncs only")  # fmt: skip
     checks.verdict("syncs-readbacks-cpu", ok, criterion + ", counted as Tensor read-backs on the CPU",
                    per + cut_short(report), syncs=rows)  # fmt: skip
+
+
+def sampler(checks: Checks, steps: dict) -> None:
+    criterion = (f"one T > 0 draw at the most rows measured: the blocked inverse CDF adds at most 1/"
+                 f"{SAMPLER_PEAK_FRACTION} of the whole-vocabulary draw's peak memory, and draws the same token in at "
+                 f"least {SAMPLER_AGREE_MIN:.1%} of rows")  # fmt: skip
+    report = steps.get("sampler")
+    if report is None or not report["results"]:
+        return checks.missing("sampler-peak", criterion, "sampler")
+    largest = max(report["results"], key=lambda r: (r["vocab"] * r["rows"], r["rows"]))
+    peak, ms = largest["peak_mib"], largest["ms"]
+    ok = peak["blocked"] * SAMPLER_PEAK_FRACTION <= peak["whole"] and largest["agree"] >= SAMPLER_AGREE_MIN
+    checks.verdict("sampler-peak", ok, criterion,
+                   f"{report['device']}: V={largest['vocab']} R={largest['rows']}: peak whole {peak['whole']:.1f} MiB, "
+                   f"blocked {peak['blocked']:.1f} MiB; agree {largest['agree']:.4f}; whole {ms['whole']:.3f} ms, "
+                   f"blocked {ms['blocked']:.3f} ms{cut_short(report)}", regime=report["regime"],
+                   sampler=report["results"])  # fmt: skip
 
 
 def calls_regime(report: dict) -> str:
@@ -321,7 +344,8 @@ def summarize(results: Path, cuda: bool) -> Checks:
     checks = Checks()
     judges = {"preflight": lambda: preflight(checks, steps, cut), "audit-fp32": lambda: exactness(checks, steps),
               "audit-bf16": lambda: audit_bf16(checks, steps), "graphs-8b": lambda: graph_calls(checks, steps, cuda),
-              "syncs": lambda: syncs(checks, steps), "concurrency-8b": lambda: concurrency(checks, steps)}  # fmt: skip
+              "syncs": lambda: syncs(checks, steps), "sampler": lambda: sampler(checks, steps),
+              "concurrency-8b": lambda: concurrency(checks, steps)}  # fmt: skip
     for step, judge in judges.items():
         judge() if step in run else not_planned(checks, step)
     left_out = [step for step in (*STEPS, "summary", "pack") if step not in run]

@@ -218,6 +218,7 @@ def test_plan_lists_each_invalid_job_on_its_own_line(tmp_path):
     ("bench_sampler.py", ["--vocab", "1"], "argument --vocab: expected an integer >= 2, got '1'"),
     ("bench_sampler.py", ["--rows", "8,a"], "argument --rows: expected an integer >= 1, got 'a'"),
     ("bench_sampler.py", ["--device", "cuda"], "--device cuda, but torch finds no CUDA device here; use --device cpu"),
+    ("bench_sampler.py", ["--json", "nowhere/x.json"], "--json nowhere/x.json: its directory does not exist"),
     ("check_decode.py", ["--json", "x.json", "--widths", "8,0"], "argument --widths: expected an integer >= 1, got '0'"),
     ("check_decode.py", ["--json", "x.json", "--dtype", "bf16"], "argument --dtype: invalid choice: 'bf16'"),
     ("check_decode.py", ["--json", "nowhere/x.json", "--device", "cpu"], "its directory does not exist"),

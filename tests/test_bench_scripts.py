@@ -547,15 +547,19 @@ def test_compiled_calls_are_compiled_block_by_block_and_reported_after_each(tmp_
     assert sorted(compile_s) == ["C=3: 2 rows", "C=3: 4 rows"] and second[0] == results
 
 
-def test_bench_sampler_times_both_draws_on_the_same_rows_and_measures_their_peaks(capsys):
+def test_bench_sampler_times_both_draws_on_the_same_rows_and_measures_their_peaks(capsys, tmp_path):
     """Its rows agree with the whole vocabulary's draw (random rows, fixed seeds: no boundary is
     hit), and the peak a whole-vocabulary draw adds over 2,048 x 1,000 rows is at least its two
-    float64 copies, 31 MiB, while the blocked draw's stays far below it."""
+    float64 copies, 31 MiB, while the blocked draw's stays far below it. --json holds the same
+    figures, with the regime line's words, for gpu_check.sh's `sampler` step."""
     bench = runpy.run_path(str(PROJECT_ROOT / "scripts" / "bench_sampler.py"))
-    assert bench["main"](["--vocab", "1000", "--rows", "2048", "--repeats", "2"]) == 0
+    written = tmp_path / "sampler.json"
+    assert bench["main"](["--vocab", "1000", "--rows", "2048", "--repeats", "2", "--json", str(written)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("regime: one draw, softmax rows of float32, cpu (") and "1 intra-op thread(s)" in lines[0]
     [result] = json.loads(lines[-1])
+    report = json.loads(written.read_text())
+    assert report == {"regime": lines[0].removeprefix("regime: "), "device": "cpu", "results": [result], "done": True}
     assert (result["vocab"], result["rows"], result["agree"]) == (1000, 2048, 1.0)
     assert lines[1].startswith(f"V=1000 R=2048: whole {result['ms']['whole']:.3f} ms, blocked {result['ms']['blocked']:.3f} ms")
     peaks = result["peak_mib"]

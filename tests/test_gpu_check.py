@@ -27,7 +27,8 @@ gpu_calls = __import__("runpy").run_path(str(PROJECT_ROOT / "scripts" / "gpu_cal
 check_decode = __import__("runpy").run_path(str(PROJECT_ROOT / "scripts" / "check_decode.py"))
 gpu_concurrency = __import__("runpy").run_path(str(PROJECT_ROOT / "scripts" / "gpu_concurrency.py"))
 SCRIPT = PROJECT_ROOT / "scripts" / "gpu_check.sh"
-PLAN_STEPS = ["wheels", "preflight", "audit-fp32", "audit-bf16", "graphs-8b", "syncs", "concurrency-8b", "summary", "pack"]
+PLAN_STEPS = ["wheels", "preflight", "audit-fp32", "audit-bf16", "graphs-8b", "syncs", "sampler", "concurrency-8b", "summary",
+              "pack"]
 WINDOW_S = 480
 # torch's own texts under torch.cuda.set_sync_debug_mode("warn"): the one-time notice of
 # torch/csrc/cuda/Module.cpp, and c10's warn_or_error_on_sync (with the suffix TORCH_WARN adds).
@@ -124,7 +125,7 @@ def test_a_missing_step_fails_its_checks_and_a_cpu_run_skips_the_cuda_ones_with_
     missing = judge(tmp_path, {})
     assert {n: c["status"] for n, c in missing.items()} == dict.fromkeys(
         ("preflight", "fp32-exact", "audit-bf16", "graph-vs-eager-8b", "graph-replays-8b", "memory-bound-8b",
-         "hbm-floor-8b", "syncs", "concurrency-runs", "concurrency-audit"), "FAIL")  # fmt: skip
+         "hbm-floor-8b", "syncs", "sampler-peak", "concurrency-runs", "concurrency-audit"), "FAIL")  # fmt: skip
     assert "no result from step graphs-8b" in missing["memory-bound-8b"]["detail"]
     cpu = graphs_report(calls_at(3.0), replays=None, skips=None) | {"device": "cpu"}
     skipped = judge(tmp_path, {"graphs-8b": cpu, "syncs": decode_report("cpu"), "audit-bf16": decode_report("cpu")},
@@ -202,6 +203,29 @@ def test_the_concurrency_checks_pass_on_complete_exact_runs_and_fail_on_each_fau
     assert cut["concurrency-runs"]["status"] == "FAIL" and "ar-C1.jsonl: 9" in cut["concurrency-runs"]["detail"]
 
 
+def sampler_report(rows: dict, done: bool = True) -> dict:
+    """bench_sampler.py's --json: R -> (whole MiB, blocked MiB, agree) at V = 131,072."""
+    results = [{"vocab": 131072, "rows": r, "ms": {"whole": 10.0, "blocked": 1.0},
+                "peak_mib": {"whole": whole, "blocked": blocked}, "agree": agree}
+               for r, (whole, blocked, agree) in rows.items()]  # fmt: skip
+    return {"regime": "one draw, ...", "device": "cuda", "results": results, "done": done}
+
+
+def test_the_sampler_check_judges_the_draw_of_the_most_rows_and_fails_on_each_fault(tmp_path):
+    good = judge(tmp_path, {"sampler": sampler_report({64: (65.0, 30.0, 1.0), 2048: (4096.0, 26.0, 0.9995)})})
+    assert good["sampler-peak"]["status"] == "PASS"  # 64 rows' 30 of 65 MiB is not the largest draw
+    assert good["sampler-peak"]["detail"].startswith("cuda: V=131072 R=2048: peak whole 4096.0 MiB, blocked 26.0 MiB; agree 0.9995; whole 10.000 ms")
+    heavy = judge(tmp_path, {"sampler": sampler_report({64: (65.0, 1.0, 1.0), 2048: (4096.0, 600.0, 1.0)})})
+    assert heavy["sampler-peak"]["status"] == "FAIL"
+    apart = judge(tmp_path, {"sampler": sampler_report({2048: (4096.0, 26.0, 0.99)})})
+    assert apart["sampler-peak"]["status"] == "FAIL"
+    cut = judge(tmp_path, {"sampler": sampler_report({64: (65.0, 1.0, 1.0)}, done=False)})
+    assert cut["sampler-peak"]["status"] == "PASS" and cut["sampler-peak"]["detail"].endswith(
+        "the step was cut short: these are the rows it finished")  # fmt: skip
+    nothing = judge(tmp_path, {"sampler": sampler_report({}, done=False)})
+    assert nothing["sampler-peak"]["status"] == "FAIL" and "no result from step sampler" in nothing["sampler-peak"]["detail"]
+
+
 def test_the_summary_lists_every_step_with_its_budget_and_seconds_and_names_124_and_137_cut_short(tmp_path):
     (tmp_path / "steps.tsv").write_text("wheels\t15\t0\t12\npreflight\t50\t0\t9\ngraphs-8b\t260\t124\t260\n"
                                         "syncs\t20\t137\t23\nconcurrency-8b\t50\t1\t7\n")  # fmt: skip
@@ -218,11 +242,11 @@ def test_a_partial_run_says_which_steps_ran_and_skips_the_checks_of_the_others(t
     (tmp_path / "plan.tsv").write_text("wheels\t15\ngraphs-8b\t260\nsummary\t10\npack\t10\n")
     checks = judge(tmp_path, {"graphs-8b": graphs_report(calls_at(1.1))})
     assert checks["memory-bound-8b"]["status"] == "PASS" and checks["graph-vs-eager-8b"]["status"] == "PASS"
-    for name in ("preflight", "fp32-exact", "audit-bf16", "syncs", "concurrency-runs", "concurrency-audit"):
+    for name in ("preflight", "fp32-exact", "audit-bf16", "syncs", "sampler-peak", "concurrency-runs", "concurrency-audit"):
         assert checks[name]["status"] == "SKIP" and "was not in this run's plan (ONLY/SKIP)" in checks[name]["detail"]
     report = json.loads((tmp_path / "gpu_check.json").read_text())
     assert report["partial"] and report["steps_planned"] == ["wheels", "graphs-8b", "summary", "pack"]
-    assert report["steps_not_run"] == ["preflight", "audit-fp32", "audit-bf16", "syncs", "concurrency-8b"]
+    assert report["steps_not_run"] == ["preflight", "audit-fp32", "audit-bf16", "syncs", "sampler", "concurrency-8b"]
     text = (tmp_path / "summary.md").read_text()
     assert "(a partial run)" in text.splitlines()[0]
     assert "steps run: wheels, graphs-8b, summary, pack; not run (ONLY/SKIP): preflight, audit-fp32" in text
@@ -462,14 +486,15 @@ def test_the_plan_fits_the_window_and_is_the_same_for_a_dry_run():
     assert "--shape nemotron8b --compile reduce-overhead --blocks 32,16,8" in gpu.stdout  # 3 blocks: 3 compiles
     assert "--limit 5 --max-new-tokens 64" in gpu.stdout  # the audits at 5 questions
     assert "--concurrency 1,8" in gpu.stdout and "--shape test" in dry.stdout
+    assert "bench_sampler.py --device cuda --vocab 131072 --rows 64,2048" in gpu.stdout  # Nemotron's vocabulary
     assert "not run" not in gpu.stdout
 
 
 def test_only_and_skip_plan_just_the_steps_named_with_wheels_summary_and_pack():
     only = plan_of({"DRY": "1", "ONLY": "graphs-8b"})
     assert only.returncode == 0, only.stderr
-    assert check_plan(only.stdout, ["wheels", "graphs-8b", "summary", "pack"]) == 290
-    assert "not run (ONLY/SKIP): preflight audit-fp32 audit-bf16 syncs concurrency-8b" in only.stdout
+    assert check_plan(only.stdout, ["wheels", "graphs-8b", "summary", "pack"]) == 285
+    assert "not run (ONLY/SKIP): preflight audit-fp32 audit-bf16 syncs sampler concurrency-8b" in only.stdout
     skip = plan_of({"SKIP": "graphs-8b,concurrency-8b"})
     assert check_plan(skip.stdout, [s for s in PLAN_STEPS if s not in ("graphs-8b", "concurrency-8b")]) == 150
 
@@ -498,7 +523,8 @@ def test_only_runs_the_named_steps_and_a_preflight_cut_short_is_not_fatal_but_a_
     env = {**os.environ, "PY": str(fake), "DRY": "1", "DRY_SLACK": "0.1", "ONLY": "preflight,syncs",
            "PREFLIGHT": preflight, "RESULTS": str(results), "OUT": str(tmp_path / "out")}  # preflight: 5 s  # fmt: skip
     done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=600)
-    assert "plan: 5 steps, budgets sum to 100 s\nnot run (ONLY/SKIP): audit-fp32 audit-bf16 graphs-8b concurrency-8b\n" in done.stdout
+    assert ("plan: 5 steps, budgets sum to 90 s\nnot run (ONLY/SKIP): audit-fp32 audit-bf16 graphs-8b sampler "
+            "concurrency-8b\n") in done.stdout
     ran = [line.split("\t") for line in (results / "steps.tsv").read_text().splitlines()]
     assert [row[0] for row in ran][:2] == ["wheels", "preflight"] and ran[1][2] == str(rc), ran
     assert (results / "plan.tsv").read_text().split()[::2] == ["wheels", "preflight", "syncs", "summary", "pack"]
@@ -515,7 +541,7 @@ def test_only_runs_the_named_steps_and_a_preflight_cut_short_is_not_fatal_but_a_
     assert done.returncode == 1 and "rerun what failed: ONLY=preflight OUT=<a new folder> bash scripts/gpu_check.sh" in done.stdout
     summary.main(["--results", str(results)])  # the verdicts of what the run left (its own summary step had 1 s)
     text = (results / "summary.md").read_text()
-    assert re.search(rf"^\| preflight \| 50 \| \d+ \| {rc} \(cut short by its budget\) \|$", text, re.M), text
+    assert re.search(rf"^\| preflight \| 45 \| \d+ \| {rc} \(cut short by its budget\) \|$", text, re.M), text
     assert "FAIL: preflight:" in text and "cut short by its budget: not fatal, the steps ran" in text
     assert "SKIP: fp32-exact: the checks of step audit-fp32 -- step audit-fp32 was not in this run's plan" in text
 
@@ -590,8 +616,8 @@ def dry_run(tmp_path, python: str, env: dict) -> dict:
     assert all((out / name).stat().st_size < 16 * 2**20 for name in packed)
     report = json.loads((out / "gpu_check.json").read_text())
     checks = {c["name"]: c for c in report["checks"]}
-    passed = ("preflight", "fp32-exact", "audit-bf16-cpu", "graph-vs-eager-8b", "syncs-readbacks-cpu", "concurrency-runs",
-              "concurrency-audit")
+    passed = ("preflight", "fp32-exact", "audit-bf16-cpu", "graph-vs-eager-8b", "syncs-readbacks-cpu", "sampler-peak",
+              "concurrency-runs", "concurrency-audit")
     skipped = ("audit-bf16", "graph-replays-8b", "memory-bound-8b", "hbm-floor-8b", "syncs")
     for name in passed:
         assert checks[name]["status"] == "PASS", checks[name]
@@ -622,6 +648,9 @@ def check_step_reports(report: dict) -> None:
             ("linear", 8), ("quadratic", 8), ("packed", 8)]  # fmt: skip
     assert all(a["equal"] == 2 for a in steps["audit-fp32"]["audit"])
     assert steps["syncs"]["done"] and len(steps["syncs"]["syncs"]) == 8 and all(r["pass"] for r in steps["syncs"]["syncs"])
+    drawn = steps["sampler"]
+    assert drawn["done"] and drawn["device"] == "cpu" and [(r["vocab"], r["rows"]) for r in drawn["results"]] == [(1000, 2048)]
+    assert checks_by_name(report)["sampler-peak"]["detail"].startswith("cpu: V=1000 R=2048: peak whole ")
     concurrency = steps["concurrency-8b"]
     assert concurrency["done"] and concurrency["regime"] == "eager, host-bound" and concurrency["audit"]["Unexplained"] == 0
     assert concurrency["measured_in"] == "eager, float32, 1 thread, cpu, cost:test:2L:bfloat16:cpu"
