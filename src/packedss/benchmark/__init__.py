@@ -1,5 +1,7 @@
 """The benchmarks behind scripts/bench_calls.py (one model call: rows, prefix, eager against
-compiled) and scripts/bench_schedules.py (whole decodes of every schedule side by side)."""
+compiled) and scripts/bench_schedules.py (whole decodes of every schedule side by side), and what
+the benchmark scripts share: the CPU's name for their regime lines, and the whole-file JSON writes
+of the steps of scripts/gpu_check.sh."""
 
 import json
 import platform
