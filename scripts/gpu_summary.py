@@ -187,7 +187,7 @@ def sampler(checks: Checks, steps: dict) -> None:
     checks.verdict("sampler-peak", ok, criterion,
                    f"{report['device']}: V={largest['vocab']} R={largest['rows']}: peak whole {peak['whole']:.1f} MiB, "
                    f"blocked {peak['blocked']:.1f} MiB; agree {largest['agree']:.4f}; whole {ms['whole']:.3f} ms, "
-                   f"blocked {ms['blocked']:.3f} ms{cut_short(report)}", regime=report["regime"],
+                   f"blocked {ms['blocked']:.3f} ms ({report['regime']}){cut_short(report)}", regime=report["regime"],
                    sampler=report["results"])  # fmt: skip
 
 

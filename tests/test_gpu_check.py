@@ -215,6 +215,7 @@ def test_the_sampler_check_judges_the_draw_of_the_most_rows_and_fails_on_each_fa
     good = judge(tmp_path, {"sampler": sampler_report({64: (65.0, 30.0, 1.0), 2048: (4096.0, 26.0, 0.9995)})})
     assert good["sampler-peak"]["status"] == "PASS"  # 64 rows' 30 of 65 MiB is not the largest draw
     assert good["sampler-peak"]["detail"].startswith("cuda: V=131072 R=2048: peak whole 4096.0 MiB, blocked 26.0 MiB; agree 0.9995; whole 10.000 ms")
+    assert "blocked 1.000 ms (one draw, ...)" in good["sampler-peak"]["detail"]  # the regime of the figures
     heavy = judge(tmp_path, {"sampler": sampler_report({64: (65.0, 1.0, 1.0), 2048: (4096.0, 600.0, 1.0)})})
     assert heavy["sampler-peak"]["status"] == "FAIL"
     apart = judge(tmp_path, {"sampler": sampler_report({2048: (4096.0, 26.0, 0.99)})})
