@@ -7,6 +7,14 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+# Inductor's CPU graphs are the suite's largest cold cost (docs/development.md, "Compiled graphs in
+# the suite"). The tests assert what a compiled graph computes against the eager path, not its
+# speed, so they compile scalar C++ (no vector ISA) at -O1. Set before torch and transformers are
+# imported (transformers' models import inductor's config, which reads both), and inherited by
+# every run.py, script and gpu_check step the suite starts.
+os.environ.setdefault("TORCHINDUCTOR_VEC_ISA_OK", "0")
+os.environ.setdefault("CXX", str(Path(__file__).resolve().parent / "g++-O1"))
+
 import pytest
 import torch
 from torch import nn
