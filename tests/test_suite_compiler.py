@@ -11,12 +11,15 @@ from pathlib import Path
 WRAPPER = Path(__file__).resolve().parent / "g++-O1"
 
 
-def test_inductor_compiles_scalar_cpp_with_the_suites_compiler():
+def test_inductor_reads_the_settings_conftest_leaves():
+    """conftest's defaults, or a developer's own CXX and TORCHINDUCTOR_VEC_ISA_OK, are what
+    inductor reads: it would read neither if conftest set them after inductor's config was imported."""
     from torch._inductor import config, cpp_builder
 
-    assert config.cpp.vec_isa_ok is False
-    assert Path(cpp_builder.get_cpp_compiler()) == WRAPPER
-    assert cpp_builder.is_gcc()  # inductor picks gcc's flags by the compiler's name
+    assert config.cpp.vec_isa_ok is (os.environ["TORCHINDUCTOR_VEC_ISA_OK"] == "1")
+    assert cpp_builder.get_cpp_compiler() == os.environ["CXX"]
+    if Path(os.environ["CXX"]) == WRAPPER:
+        assert cpp_builder.is_gcc()  # inductor picks gcc's flags by the compiler's name
 
 
 def test_the_wrapper_turns_o3_into_o1_and_passes_the_rest(tmp_path):
