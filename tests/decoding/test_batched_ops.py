@@ -1,11 +1,12 @@
 """The batched host steps (packedss.decoding.batched_ops) give what the plain functions give each
-request: the two-pass argmax and top-2 equal torch's on rows with ties (some rows' margins alone
+request: the argmax and top-2 (NumPy's on a CPU) equal torch's on rows with ties (some rows' margins alone
 equal theirs among all rows); a round reads back once; the near-tie threshold is frexp's; a greedy
 verification found on the host equals `verify`'s, whatever the drafts are; the calls after a
 greedy round's read-back are built on the host."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -24,25 +25,42 @@ from packedss.paths import PROJECT_ROOT
 from tests.decoding.test_syncs import counting_read_backs
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("vocabulary", [1024, 192, 128, 96, 100, 8])
-def test_the_two_pass_argmax_and_top2_equal_torchs_with_ties(vocabulary):
+def test_the_argmax_and_top2_equal_torchs_with_ties(vocabulary, dtype):
+    """On a CPU in float32 by NumPy (its second largest with the first set aside in the logits
+    themselves, and put back), else by torch: the first largest entry and the top two, with ties
+    within and across rows, -inf entries and rows of -inf only; the logits unchanged."""
     generator = torch.Generator().manual_seed(vocabulary)
     for trial in range(60):
         rows = int(torch.randint(1, 40, (), generator=generator))
         logits = torch.randn(rows, vocabulary, generator=generator)
         if trial % 2:  # few distinct values: many ties, also between blocks
             logits = (logits * 2).round() / 2
-        if trial % 3 == 0:  # the largest twice, in different blocks
+        if trial % 3 == 0:  # the largest twice, far apart
             at = torch.randint(0, vocabulary, (rows,), generator=generator)
             logits[torch.arange(rows), at] = 9.0
             logits[torch.arange(rows), (at + vocabulary // 2 + 1) % vocabulary] = 9.0
+        if trial % 5 == 0:  # banned tokens, and a row with every token banned
+            logits[torch.rand(rows, vocabulary, generator=generator) < 0.3] = float("-inf")
+            logits[rows // 2] = float("-inf")
+        logits = logits.to(dtype)
+        before = logits.clone()
         greedy = _Greedy(logits)
+        assert (greedy.array is not None) == (dtype == torch.float32)
         assert torch.equal(greedy.tokens, logits.argmax(dim=-1))
         assert torch.equal(torch.stack(greedy.top_two, dim=1), logits.topk(2, dim=-1).values)
-        # Some rows' margins alone (a Packed-SS round's verifier rows) are those rows' of all.
+        margin, near = greedy.margins
+        assert torch.equal(logits, before)
+        top2 = logits.topk(2, dim=-1).values.float()
+        expected = top2[:, 0] - top2[:, 1]
+        assert torch.equal(margin.isnan(), expected.isnan())
+        assert torch.equal(margin.nan_to_num(), expected.nan_to_num())
+        assert torch.equal(near, (expected <= verify.near_tie_threshold(top2[:, 0], dtype)).long())
+        # Some rows' margins alone (a Packed-SS round's verifier rows on a GPU) are those rows' of all.
         index = torch.randperm(rows, generator=generator)[: max(1, rows // 3)]
-        for alone, of_all in zip(greedy.margins_of(index), greedy.margins):
-            assert torch.equal(alone, of_all[index])
+        for alone, of_all in zip(greedy.margins_of(index.tolist()), (margin, near)):
+            assert torch.equal(alone.nan_to_num(), of_all[index].nan_to_num())
 
 
 @pytest.mark.parametrize("schedule, lockstep", [("ar", False), ("linear", False), ("quadratic", False), ("packed", False),
@@ -81,10 +99,14 @@ def test_the_threshold_is_ulps_at_the_top_logits_magnitude(dtype):
     _, exponent = torch.frexp(top.abs().clamp(min=1.0))  # top = m * 2^exponent, m in [0.5, 1)
     expected = verify.NEAR_TIE_ULPS * torch.finfo(dtype).eps * torch.exp2((exponent - 1).float())
     assert torch.equal(verify.near_tie_threshold(top, dtype), expected)
+    # The same threshold of float32 NumPy tops (the batched readout's on a CPU), bit for bit.
+    host = verify.near_tie_threshold(top.numpy(), dtype)
+    assert host.dtype == np.float32 and torch.equal(torch.from_numpy(host), expected)
     inf, nan = float("inf"), float("nan")
     tops = torch.tensor([[inf, 3.0], [inf, inf], [-inf, -inf], [nan, 3.0], [nan, nan]])  # a row's top two
     margins = tops[:, 0] - tops[:, 1]
     assert not (margins <= verify.near_tie_threshold(tops[:, 0], dtype)).any()
+    assert not (margins.numpy() <= verify.near_tie_threshold(tops[:, 0].numpy(), dtype)).any()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -18,7 +18,8 @@ from packedss.models.nemotron import load_nemotron
 from packedss.models.setdlm import load_setdlm
 from packedss.paths import PROJECT_ROOT
 
-READ_BACKS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
+# Not `numpy`: it refuses a tensor on a GPU, and on a CPU it is a view (batched_ops._Greedy's).
+READ_BACKS = ("item", "tolist", "cpu", "__bool__", "__int__", "__float__", "__index__")
 PROMPT = [5, 17, 33, 8, 91, 12, 7]
 
 

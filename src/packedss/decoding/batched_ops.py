@@ -21,6 +21,7 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from packedss.decoding.driver import Proposals, proposals_ahead, verify_ahead
@@ -49,69 +50,65 @@ def _offsets(counts: Sequence[int]) -> list[int]:
     return out
 
 
-BLOCK = 64  # vocabulary entries per block of the two-pass argmax
-
-
 class _Greedy:
     """Exactly `argmax` (the first largest entry) of every row of `logits` and, on demand, its
-    `topk(2).values`, in two passes, since on a CPU a row's `amax` costs a tenth of its `argmax` or
-    `topk`: the largest entry of each block of BLOCK entries, then the first block holding the
-    row's largest, then the first largest entry in that block (`max` over a dimension gives the
-    first largest, as `argmax` does, at half its cost on these short rows). The second largest of
-    a row is the larger of its best block's second largest and the other blocks' largest."""
+    `topk(2).values`. On a CPU in float32, by NumPy: its argmax reads a row once, at several times
+    the speed of torch's argmax on a CPU and in one operation, where a batched round's readout is
+    otherwise a dozen small operations, each a fixed cost of dispatch (docs/performance.md §12.15).
+    A row's second largest is then its largest with its first largest set aside. Elsewhere (a
+    GPU, other dtypes) torch's own argmax and topk, a kernel each."""
 
     def __init__(self, logits: torch.Tensor):
         self.logits = logits
-        count, vocabulary = logits.shape
-        self.blocked = vocabulary % BLOCK == 0 and vocabulary >= 2 * BLOCK
-        if not self.blocked:
+        self.array = logits.numpy() if logits.device.type == "cpu" and logits.dtype == torch.float32 else None
+        if self.array is None:
             self.tokens = logits.argmax(dim=-1)
-            return
-        blocks = vocabulary // BLOCK
-        self.block_max = logits.view(count, blocks, BLOCK).amax(dim=-1)
-        self.top, self.best = self.block_max.max(dim=-1)
-        # Each row's best block (as rows of a view of BLOCK entries: an index_select of whole rows,
-        # several times faster on a CPU than a `gather` of the blocks).
-        firsts = torch.arange(0, count * blocks, blocks, device=logits.device)
-        self.inner = logits.view(count * blocks, BLOCK).index_select(0, firsts + self.best)
-        self.first = self.inner.max(dim=-1, keepdim=True).indices
-        self.tokens = self.first.view(count).add(self.best, alpha=BLOCK)
+        else:
+            self.first = self.array.argmax(axis=1)
+            self.tokens = torch.from_numpy(self.first)
 
     @functools.cached_property
     def top_two(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Every row's largest and second largest entry."""
-        if not self.blocked:
+        if self.array is None:
             top2 = self.logits.topk(2, dim=-1).values
             return top2[:, 0], top2[:, 1]
-        return self.top, _second(self.inner, self.first, self.block_max, self.best)
+        top, second = _top_two(self.array, self.first)
+        return torch.from_numpy(top), torch.from_numpy(second)
 
     @functools.cached_property
     def margins(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Every row's top-2 margin and near-tie flag (`_margins`), taken once per pass."""
         return _margins(*self.top_two, self.logits.dtype)
 
-    def margins_of(self, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The `margins` of the rows `index` alone."""
-        if not self.blocked:
-            top2 = self.logits.index_select(0, index).topk(2, dim=-1).values
-            return _margins(top2[:, 0], top2[:, 1], self.logits.dtype)
-        second = _second(self.inner.index_select(0, index), self.first.index_select(0, index),
-                         self.block_max.index_select(0, index), self.best.index_select(0, index))  # fmt: skip
-        return _margins(self.top.index_select(0, index), second, self.logits.dtype)
+    def margins_of(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The `margins` of the rows numbered `rows` alone (by torch, on any device)."""
+        top2 = self.logits.index_select(0, uploaded(rows, self.logits.device)).topk(2, dim=-1).values
+        return _margins(top2[:, 0], top2[:, 1], self.logits.dtype)
 
 
-def _second(inner: torch.Tensor, first: torch.Tensor, block_max: torch.Tensor, best: torch.Tensor) -> torch.Tensor:
-    """Each row's second largest entry: the larger of its best block's second largest (`inner`,
-    its largest at `first`) and the other blocks' largest (`block_max`, the best at `best`); two
-    scatters and two `amax`, at a third of two `topk`s' cost on a CPU."""
-    minimum = float("-inf")
-    return torch.maximum(inner.scatter(1, first, minimum).amax(dim=-1), block_max.scatter(1, best[:, None], minimum).amax(dim=-1))
+def _top_two(array: np.ndarray, first: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's largest entry (at `first`, its argmax) and second largest: the row's largest once
+    the entry at `first` is -inf. That entry is set in `array` itself, for one read of the rows
+    (a copy would be a second), and put back before this returns."""
+    rows = np.arange(array.shape[0])
+    top = array[rows, first]
+    array[rows, first] = -np.inf
+    try:
+        second = array.max(axis=1, initial=-np.inf)
+    finally:
+        array[rows, first] = top
+    return top, second
 
 
-def _margins(top: torch.Tensor, second: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's top-2 margin (float32) from its largest entry `top` and second largest `second`,
-    and 1 where it is a near-tie (long, to be read back with the round's results): NearTies.read's
-    rule, taken here once for every request's rows (`dtype` is the logits')."""
+def _margins(top, second, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's top-2 margin (float32) from its largest entry `top` and second largest `second`
+    (tensors, or float32 NumPy arrays), and 1 where it is a near-tie (long, to be read back with
+    the round's results): NearTies.read's rule, taken here once for every request's rows (`dtype`
+    is the logits')."""
+    if isinstance(top, np.ndarray):
+        margin = top - second
+        return torch.from_numpy(margin), torch.from_numpy((margin <= near_tie_threshold(top, dtype)).astype(np.int64))
     top = top.float()
     margin = top - second.float()
     return margin, (margin <= near_tie_threshold(top, dtype)).long()

@@ -37,7 +37,7 @@ from packedss.decoding.queried import (
     _verify_shape,
     queried_prefill,
 )
-from packedss.decoding.rows import Rows, uploaded
+from packedss.decoding.rows import Rows
 from packedss.decoding.schedules import _AR, _Linear, _Packed, _causal_shape, _draft_shape, _packed_of, _prefill_listed
 from packedss.decoding.trace import Decoded
 from packedss.decoding.verify import DecidedMargins
@@ -83,15 +83,18 @@ class Readout:
         total = sum(counts)
         if not total:
             return
-        if 4 * total >= 3 * logits.shape[0]:  # most rows (Linear-SS's verification): all of them, no gather
+        # Most rows (Linear-SS's verification), or logits read on the host (NumPy), where the margins
+        # of every row cost one more read of the rows, as a gather of some rows and its read do: all of
+        # them. Else (Packed-SS's verifier rows on a GPU, a quarter of its calls' rows) those rows.
+        if greedy.array is not None or 4 * total >= 3 * logits.shape[0]:
             self.margin, near = greedy.margins
             self.offsets = starts
-        else:  # Packed-SS's verifier rows: a tenth of its calls' rows once most drafts are accepted
+        else:
             index: list[int] = []
             for start, count in deciding:
                 self.offsets.append(len(index))
                 index += range(start, start + count)
-            self.margin, near = greedy.margins_of(uploaded(index, logits.device))
+            self.margin, near = greedy.margins_of(index)
         self.read = torch.cat([greedy.tokens, near])
 
 

@@ -32,6 +32,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from packedss.decoding.rows import Rows, concatenated
@@ -220,14 +221,19 @@ def verify(
 NEAR_TIE_ULPS = 8
 
 
-def near_tie_threshold(top: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def near_tie_threshold(top, dtype: torch.dtype):
     """NEAR_TIE_ULPS units in the last place of `dtype` at the magnitude of the top logits `top`
     (at least at magnitude 1): bf16 about 0.06 at a logit of 1 and 0.5 at 10, float16 1/128 and
-    1/16, float32 1e-6 and 8e-6."""
+    1/16, float32 1e-6 and 8e-6. `top` is a tensor, or a float32 NumPy array (the batched
+    readout's on a CPU, packedss.decoding.batched_ops._Greedy), and so is the threshold."""
     # The largest power of 2 not above |top|, its float32 mantissa cleared (+-inf counts as the
     # largest finite float32; NaN gives inf, against which a NaN margin is never a near-tie).
-    magnitude = top.float().abs().clamp(min=1.0, max=torch.finfo(torch.float32).max)
-    power = (magnitude.view(torch.int32) & 0x7F800000).view(torch.float32)
+    if isinstance(top, np.ndarray):
+        magnitude = np.abs(top.astype(np.float32, copy=False)).clip(1.0, np.finfo(np.float32).max)
+        power = (magnitude.view(np.int32) & 0x7F800000).view(np.float32)
+    else:
+        magnitude = top.float().abs().clamp(min=1.0, max=torch.finfo(torch.float32).max)
+        power = (magnitude.view(torch.int32) & 0x7F800000).view(torch.float32)
     return NEAR_TIE_ULPS * torch.finfo(dtype).eps * power
 
 
