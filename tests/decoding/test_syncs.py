@@ -5,6 +5,7 @@ token and the near-ties' one read-back at the end); at T > 0 at most twice per i
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import sys
 
@@ -18,7 +19,8 @@ from packedss.models.nemotron import load_nemotron
 from packedss.models.setdlm import load_setdlm
 from packedss.paths import PROJECT_ROOT
 
-# Not `numpy`: it refuses a tensor on a GPU, and on a CPU it is a view (batched_ops._Greedy's).
+# Not `numpy`: it refuses a tensor on a GPU, and on a CPU it is a view (batched_ops._Greedy's). The same list as
+# scripts/check_decode.py's CPU stand-in.
 READ_BACKS = ("item", "tolist", "cpu", "__bool__", "__int__", "__float__", "__index__")
 PROMPT = [5, 17, 33, 8, 91, 12, 7]
 
@@ -41,6 +43,13 @@ def counting_read_backs(monkeypatch):
 def _decode(model, schedule, width, sampling):
     settings = LTRSettings(schedule, width, 40, (), sampling, timing="events")
     return decode_ltr(model, PROMPT, settings)
+
+
+def test_the_gpu_checks_cpu_stand_in_counts_the_same_read_backs():
+    script = ast.parse((PROJECT_ROOT / "scripts" / "check_decode.py").read_text())
+    (listed,) = [node.value for node in script.body if isinstance(node, ast.Assign)
+                 and any(getattr(target, "id", None) == "READ_BACKS" for target in node.targets)]  # fmt: skip
+    assert ast.literal_eval(listed) == READ_BACKS
 
 
 @pytest.mark.parametrize("schedule", ["ar", "linear", "quadratic", "packed"])
