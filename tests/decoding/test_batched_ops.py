@@ -63,6 +63,17 @@ def test_the_argmax_and_top2_equal_torchs_with_ties(vocabulary, dtype):
             assert torch.equal(alone.nan_to_num(), of_all[index].nan_to_num())
 
 
+def test_rows_that_share_memory_are_read_by_torch():
+    """Rows of an overlapping view (each row the last one shifted by an entry): the in-place top-2
+    would set one row's largest aside in its neighbours too, so such logits take torch's path."""
+    base = torch.randn(1200, generator=torch.Generator().manual_seed(3))
+    base[0], base[5] = 10.0, 9.0  # row 0's largest, and its second: row 1's largest (row 1 starts at base[2])
+    logits = base.as_strided((40, 1024), (2, 1))
+    greedy = _Greedy(logits)
+    assert torch.equal(greedy.tokens, logits.argmax(dim=-1))
+    assert torch.equal(torch.stack(greedy.top_two, dim=1), logits.topk(2, dim=-1).values)
+
+
 @pytest.mark.parametrize("schedule, lockstep", [("ar", False), ("linear", False), ("quadratic", False), ("packed", False),
                                                ("ar", True), ("linear", True), ("packed", True)])  # fmt: skip
 def test_a_greedy_round_reads_back_once(schedule, lockstep, monkeypatch):

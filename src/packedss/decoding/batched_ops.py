@@ -56,11 +56,14 @@ class _Greedy:
     the speed of torch's argmax on a CPU and in one operation, where a batched round's readout is
     otherwise a dozen small operations, each a fixed cost of dispatch (docs/performance.md §12.15).
     A row's second largest is then its largest with its first largest set aside. Elsewhere (a
-    GPU, other dtypes) torch's own argmax and topk, a kernel each."""
+    GPU, other dtypes, rows that are not one contiguous block) torch's own argmax and topk, a
+    kernel each."""
 
     def __init__(self, logits: torch.Tensor):
         self.logits = logits
-        self.array = logits.numpy() if logits.device.type == "cpu" and logits.dtype == torch.float32 else None
+        # Contiguous: no two rows share memory, so the top-2's in-place -inf of a row touches no other.
+        on_host = logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.is_contiguous()
+        self.array = logits.numpy() if on_host else None
         if self.array is None:
             self.tokens = logits.argmax(dim=-1)
         else:
