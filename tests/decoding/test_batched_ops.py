@@ -63,6 +63,27 @@ def test_the_argmax_and_top2_equal_torchs_with_ties(vocabulary, dtype):
             assert torch.equal(alone.nan_to_num(), of_all[index].nan_to_num())
 
 
+@pytest.mark.parametrize("on_host", [True, False])
+def test_a_margin_at_the_threshold_is_a_near_tie_and_one_above_it_is_not(on_host):
+    """The rule's edge, by NumPy (contiguous float32 rows) and by torch (the same rows as a
+    column-major view): a top-2 margin equal to the threshold is a near-tie, one of the next float
+    up (or of twice the threshold) is not."""
+    tops = torch.tensor([3.0, -7.5, 0.25, 1000.0])
+    threshold = verify.near_tie_threshold(tops, torch.float32)
+    at = tops - threshold
+    above = torch.nextafter(at, torch.full_like(at, -float("inf")))
+    logits = torch.full((12, 64), -5000.0)
+    for k, second in enumerate([*at, *above, *(tops - 2 * threshold)]):
+        logits[k, 5], logits[k, 40] = tops[k % 4], second
+    if not on_host:
+        logits = logits.t().contiguous().t()
+    greedy = _Greedy(logits)
+    assert (greedy.array is not None) == on_host
+    margin, near = greedy.margins
+    assert near.tolist() == [1] * 4 + [0] * 8
+    assert torch.equal(margin[:4], threshold)
+
+
 def test_rows_that_share_memory_are_read_by_torch():
     """Rows of an overlapping view (each row the last one shifted by an entry): the in-place top-2
     would set one row's largest aside in its neighbours too, so such logits take torch's path."""

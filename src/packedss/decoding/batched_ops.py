@@ -71,18 +71,22 @@ class _Greedy:
             self.tokens = torch.from_numpy(self.first)
 
     @functools.cached_property
-    def top_two(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every row's largest and second largest entry."""
+    def _top_two(self) -> tuple:
+        """Every row's largest and second largest entry: NumPy arrays on the host, else tensors."""
         if self.array is None:
             top2 = self.logits.topk(2, dim=-1).values
             return top2[:, 0], top2[:, 1]
-        top, second = _top_two(self.array, self.first)
-        return torch.from_numpy(top), torch.from_numpy(second)
+        return _top_two(self.array, self.first)
+
+    @property
+    def top_two(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every row's largest and second largest entry, as tensors."""
+        return tuple(torch.from_numpy(x) if self.array is not None else x for x in self._top_two)
 
     @functools.cached_property
     def margins(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Every row's top-2 margin and near-tie flag (`_margins`), taken once per pass."""
-        return _margins(*self.top_two, self.logits.dtype)
+        """Every row's top-2 margin and near-tie flag (`_margins`, by NumPy on the host), taken once per pass."""
+        return _margins(*self._top_two, self.logits.dtype)
 
     def margins_of(self, rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """The `margins` of the rows numbered `rows` alone (by torch, on any device)."""
@@ -110,7 +114,8 @@ def _margins(top, second, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tenso
     the round's results): NearTies.read's rule, taken here once for every request's rows (`dtype`
     is the logits')."""
     if isinstance(top, np.ndarray):
-        margin = top - second
+        with np.errstate(invalid="ignore"):  # a row of -inf only: a NaN margin, as torch gives it, never a near-tie
+            margin = top - second
         return torch.from_numpy(margin), torch.from_numpy((margin <= near_tie_threshold(top, dtype)).astype(np.int64))
     top = top.float()
     margin = top - second.float()
