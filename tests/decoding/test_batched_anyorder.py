@@ -141,19 +141,20 @@ def test_64_batched_anyorder_requests_in_the_other_order_equal_one_at_a_time(tin
 @pytest.mark.parametrize("schedule, order", [("packed", "confidence"), ("linear", "confidence"), ("quadratic", "ltr")])
 def test_a_greedy_anyorder_round_reads_back_once_per_wave(tiny_set, schedule, order, monkeypatch):
     """At T = 0 a wave of every request's set_round reads back once (tokens, near-tie flags and a
-    block's confidences together); beyond that a response reads only its near-ties, when it ends."""
+    block's confidences together); beyond that a response reads only its near-ties, when it ends.
+    As coroutines: greedy Packed-SS steps as a set lane otherwise (test_set_lockstep.py)."""
     from packedss.decoding.engine import decode_batched
     from packedss.models.batched import BatchedCalls
     from tests.decoding.test_syncs import counting_read_backs
 
     settings = lambda cap, key: AnyOrderSettings(schedule, 4, cap, (2,), Sampling(0.0, "rejection", None), order=order)  # noqa: E731
     executor = BatchedCalls(tiny_set, 4)
-    list(decode_batched(executor, _requests(ANYORDER_DECODERS, settings, MANY[:8]), 4))  # layouts built once
+    list(decode_batched(executor, _requests(ANYORDER_DECODERS, settings, MANY[:8]), 4, lockstep=False))  # layouts built once
     waves = []
     launch = BATCHED[set_round]
     monkeypatch.setitem(BATCHED, set_round, lambda args, device: waves.append(len(args)) or launch(args, device))
     with counting_read_backs(monkeypatch) as counts:
-        finished = list(decode_batched(executor, _requests(ANYORDER_DECODERS, settings, MANY[:8]), 4))
+        finished = list(decode_batched(executor, _requests(ANYORDER_DECODERS, settings, MANY[:8]), 4, lockstep=False))
     assert len(counts) <= len(waves) + len(finished), (counts, waves)
     assert sum(waves) > 2 * len(waves)  # the waves did carry several requests
 

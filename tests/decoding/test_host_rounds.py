@@ -247,10 +247,10 @@ def test_engine_phases_put_each_piece_of_a_round_in_its_own_phase(lockstep, monk
         read, finish = verifications(args, device)
         return read, lambda values: _burn(0.006) or finish(values)
 
-    def slow_readout(logits, deciding):
+    def slow_readout(logits, deciding, confident=None):
         counts["readouts"] += 1
         _burn(0.006)
-        return readout(logits, deciding)
+        return readout(logits, deciding, confident)
 
     list(decode_batched(_ToyBatch(3), _toy_requests(3), 3, lockstep))  # first calls' set-up (layouts, ops) out of the way
     monkeypatch.setitem(batched_ops.BATCHED, verify, slow_verifications)

@@ -14,8 +14,9 @@ lockstep rounds. In a round:
 
 A request's prefill thus rides in the next batched call beside the others' decode calls.
 
-Greedy AR, Linear-SS and Packed-SS requests (the Nemotron family's and SDAR's) are lanes instead
-(packedss.decoding.lockstep): no coroutine and no host wave; after each batched call the round's
+Greedy AR, Linear-SS and Packed-SS requests (the Nemotron family's and SDAR's), and the any-order
+family's greedy Packed-SS requests, are lanes instead (packedss.decoding.lockstep, set_lockstep): no
+coroutine and no host wave; after each batched call the round's
 logits are read once (`readout`) and every lane steps on the values read (`step_lanes`) to its
 next call. Lanes and coroutines can share a round; `decode_batched(..., lockstep=False)` runs
 every request as its coroutine.
@@ -41,6 +42,7 @@ from packedss.decoding.batched_ops import BATCHED, end_round, read_back
 from packedss.decoding.calls import Call, Layout, Listed, Planned
 from packedss.decoding.driver import FrozenHeap, Host, Response
 from packedss.decoding.lockstep import Lane, Readout, steps_in_lockstep
+from packedss.decoding.set_lockstep import SetLane, set_steps_in_lockstep
 from packedss.decoding.rows import Rows, concatenated, materialized, shifted, uploaded
 from packedss.decoding.trace import Decoded
 
@@ -129,7 +131,7 @@ class _Slot:
     __slots__ = ("index", "request", "steps", "send", "meter", "rows", "lane", "op", "decoded", "host_s",
                  "first_call_start", "last_call_end")  # fmt: skip
 
-    def __init__(self, index: int, request: Request, response: Response, lane: Lane | None):
+    def __init__(self, index: int, request: Request, response: Response, lane: Lane | SetLane | None):
         self.index, self.request = index, request
         self.steps, self.send, self.meter = response.steps, response.steps.send, response.meter
         self.rows = response.decoder.batched_steps  # its results as Rows (else as tensors)
@@ -155,20 +157,31 @@ class _Engine:
         self.excluded = 0.0  # time off the job's clock: the caller's, and a cost twin's deciding model's
         self.mark = self.now()  # the start of the host time not shared yet
         self.working: dict[int, _Slot] = {}  # the slots that worked since `mark`, by index
+        self.confident_lanes = False  # a SetLane started: rounds read the confidences lanes ask for
 
     def now(self) -> float:
         return time.perf_counter() - self.excluded
 
     def start(self, index: int, request: Request) -> _Slot:
         response = request.start(SlotModel(self.executor, index))
-        if self.lockstep and steps_in_lockstep(response.decoder):
-            slot = _Slot(index, request, response, Lane(response.decoder))
+        lane = self.lane_of(response.decoder) if self.lockstep else None
+        if lane is not None:
+            slot = _Slot(index, request, response, lane)
             slot.op = slot.lane.call()
             self.working[index] = slot
             return slot
         slot = _Slot(index, request, response, None)
         self.advance(slot, None)
         return slot
+
+    def lane_of(self, decoder) -> Lane | SetLane | None:
+        """The lane `decoder` steps as (None: it runs as its coroutine)."""
+        if steps_in_lockstep(decoder):
+            return Lane(decoder)
+        if set_steps_in_lockstep(decoder):
+            self.confident_lanes = True
+            return SetLane(decoder)
+        return None
 
     def advance(self, slot: _Slot, result) -> None:
         self.advance_all([slot], [result])
@@ -255,16 +268,21 @@ class _Engine:
                 slot.first_call_start = started
             slot.last_call_end = ended
         if lanes:
-            round_readout = self.readout(logits, [slot.lane.deciding(start, count) for slot, start, count in lanes])
+            deciding = [slot.lane.deciding(start, count) for slot, start, count in lanes]
+            confident = ([slot.lane.confident(start, count) for slot, start, count in lanes] if self.confident_lanes
+                         else None)  # fmt: skip
+            round_readout = self.readout(logits, deciding, confident)
             round_readout.values = round_readout.read.tolist()
             self.step_lanes(lanes, round_readout)
         self.advance_all(coroutines, results)
 
     @staticmethod
-    def readout(logits: torch.Tensor, deciding: list[tuple[int, int]]) -> Readout:
-        """The round's argmax, and the near-tie flags and margins of its lanes' deciding rows
-        (`deciding`: each lane's first read row and its deciding rows), on the device."""
-        return Readout(logits, deciding)
+    def readout(logits: torch.Tensor, deciding: list[tuple[int, int]],
+                confident: list[tuple[int, int]] | None) -> Readout:  # fmt: skip
+        """The round's argmax, the near-tie flags and margins of its lanes' deciding rows
+        (`deciding`: each lane's first read row and its deciding rows) and the confidences of the
+        rows set lanes order a block by (`confident`, alike; None: no lane asks), on the device."""
+        return Readout(logits, deciding, confident)
 
     def step_lanes(self, lanes: list[tuple[_Slot, int, int]], round_readout: Readout) -> None:
         """Step each lane on its rows of the round (`(slot, first read row, rows read)`): its

@@ -26,6 +26,7 @@ import enum
 
 import torch
 
+from packedss.decoding.batched_anyorder import confidences, float_bits, floats_of
 from packedss.decoding.batched_ops import _Greedy
 from packedss.decoding.calls import Call, Listed
 from packedss.decoding.driver import Decoder, finished
@@ -37,7 +38,7 @@ from packedss.decoding.queried import (
     _verify_shape,
     queried_prefill,
 )
-from packedss.decoding.rows import Rows
+from packedss.decoding.rows import Rows, ranges
 from packedss.decoding.schedules import _AR, _Linear, _Packed, _causal_shape, _draft_shape, _packed_of, _prefill_listed
 from packedss.decoding.trace import Decoded
 from packedss.decoding.verify import DecidedMargins
@@ -68,34 +69,57 @@ def steps_in_lockstep(decoder: Decoder) -> bool:
 class Readout:
     """A round's logits read once: the argmax of every row and, for the rows that decide emitted
     tokens whose near-ties are kept, their near-tie flags and top-2 margins (the coroutines'
-    batched steps' own, packedss.decoding.batched_ops). `read` is what the round reads back; the
-    engine reads it into `values`: the tokens, then from index `flags` the flags, lane k's from
-    `flags + offsets[k]` on. `margin` stays on the device (a near-tie's is kept as Rows of it)."""
+    batched steps' own, packedss.decoding.batched_ops); for the rows whose confidence a set lane
+    orders its block by (packedss.decoding.set_lockstep), the probability each gave its token, as
+    the float's bits. `read` is what the round reads back; the engine reads it into `values`: the
+    tokens, then from index `flags` the flags, lane k's from `flags + offsets[k]` on, then from index
+    `confidence` the confidences' bits, lane k's from `confidence + confident_offsets[k]` on. `margin`
+    stays on the device (a near-tie's is kept as Rows of it)."""
 
-    __slots__ = ("read", "values", "flags", "offsets", "margin")
+    __slots__ = ("read", "values", "flags", "offsets", "margin", "confidence", "confident_offsets", "confidence_dtype")
 
-    def __init__(self, logits: torch.Tensor, deciding: list[tuple[int, int]]):
-        """`deciding`: each lane's first read row and how many rows from it on decide tokens."""
+    def __init__(self, logits: torch.Tensor, deciding: list[tuple[int, int]],
+                 confident: list[tuple[int, int]] | None = None):  # fmt: skip
+        """`deciding`: each lane's first read row and how many rows from it on decide tokens;
+        `confident`: each lane's first row and count of rows whose confidence it reads (None: none)."""
         greedy = _Greedy(logits)
         self.values: list[int] = []
         self.read, self.flags, self.offsets, self.margin = greedy.tokens, logits.shape[0], [], None
+        self.confidence, self.confident_offsets, self.confidence_dtype = 0, [], logits.dtype
+        read = [greedy.tokens]
         starts, counts = [start for start, _ in deciding], [count for _, count in deciding]
         total = sum(counts)
-        if not total:
-            return
-        # Most rows (Linear-SS's verification), or logits read on the host (NumPy), where the margins
-        # of every row cost one more read of the rows, as a gather of some rows and its read do: all of
-        # them. Else (Packed-SS's verifier rows on a GPU, a quarter of its calls' rows) those rows.
-        if greedy.array is not None or 4 * total >= 3 * logits.shape[0]:
-            self.margin, near = greedy.margins
-            self.offsets = starts
-        else:
-            index: list[int] = []
-            for start, count in deciding:
-                self.offsets.append(len(index))
-                index += range(start, start + count)
-            self.margin, near = greedy.margins_of(index)
-        self.read = torch.cat([greedy.tokens, near])
+        if total:
+            # Most rows (Linear-SS's verification), or logits read on the host (NumPy), where the margins
+            # of every row cost one more read of the rows, as a gather of some rows and its read do: all
+            # of them. Else (Packed-SS's verifier rows on a GPU, a quarter of its calls' rows) those rows.
+            if greedy.array is not None or 4 * total >= 3 * logits.shape[0]:
+                self.margin, near = greedy.margins
+                self.offsets = starts
+            else:
+                index: list[int] = []
+                for start, count in deciding:
+                    self.offsets.append(len(index))
+                    index += range(start, start + count)
+                self.margin, near = greedy.margins_of(index)
+            read.append(near)
+        if confident is not None and any(count for _, count in confident):
+            self.confidence = logits.shape[0] + (near.shape[0] if total else 0)
+            at = 0
+            for _, count in confident:
+                self.confident_offsets.append(at)
+                at += count
+            rows = ranges([start for start, _ in confident], [count for _, count in confident], logits.device)
+            chosen = confidences(logits.index_select(0, rows), greedy.tokens.index_select(0, rows), 1.0)
+            self.confidence_dtype = chosen.dtype
+            read.append(float_bits(chosen))
+        if len(read) > 1:
+            self.read = torch.cat(read)
+
+    def confidences(self, lane: int, count: int) -> list[float]:
+        """Lane k's (`lane`) `count` confidences, from the values read."""
+        start = self.confidence + self.confident_offsets[lane]
+        return floats_of(self.values[start : start + count], self.confidence_dtype)
 
 
 class Lane:
@@ -145,6 +169,10 @@ class Lane:
         if kind is Kind.VERIFY or kind is Kind.PACKED:
             return first, len(self.drafts) + 1
         return first, 1
+
+    def confident(self, start: int, rows: int) -> tuple[int, int]:
+        """None of its rows' confidences is read (a set lane's may be: packedss.decoding.set_lockstep)."""
+        return start, 0
 
     def call(self) -> Listed | Call:
         """Its next call, built on the host by the schedule's own shapes (schedules._Shape.call)."""
