@@ -5,7 +5,7 @@ timed on the main thread's CPU clock, for scripts/bench_concurrency.py's `--phas
 - batched steps' launch and their finish: each batched Host step (packedss.decoding.batched_ops
   BATCHED: the round's argmax, top-2 margins, samples and acceptance tests as tensor work), then
   the per-request results made from its read-back; for lanes (packedss.decoding.lockstep: greedy
-  AR, Linear-SS and Packed-SS; set_lockstep: the any-order family's greedy Packed-SS) the launch is the round's Readout (`_Engine.readout`) and there is
+  AR, Linear-SS and Packed-SS; set_lockstep: the any-order family's) the launch is the round's Readout (`_Engine.readout`) and there is
   no finish: a lane makes its results from the values read in its own Python;
 - decoders' own Python: `_Engine.advance_all`, every request's coroutine from one result to its next
   call or Host step (its plans, emitter and stop check, near-tie notes, commits, record at its end),

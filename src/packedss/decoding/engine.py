@@ -14,8 +14,8 @@ lockstep rounds. In a round:
 
 A request's prefill thus rides in the next batched call beside the others' decode calls.
 
-Greedy AR, Linear-SS and Packed-SS requests (the Nemotron family's and SDAR's), and the any-order
-family's greedy Packed-SS requests, are lanes instead (packedss.decoding.lockstep, set_lockstep): no
+Greedy AR, Linear-SS and Packed-SS requests (the Nemotron family's, SDAR's and the any-order
+family's) are lanes instead (packedss.decoding.lockstep, set_lockstep): no
 coroutine and no host wave; after each batched call the round's
 logits are read once (`readout`) and every lane steps on the values read (`step_lanes`) to its
 next call. Lanes and coroutines can share a round; `decode_batched(..., lockstep=False)` runs
