@@ -46,6 +46,16 @@ def _requests(schedule: str, pad_verify: bool, pairs, temperature: float = 0.0, 
     return [Request(k, lambda model, k=k: start(model, k)) for k in range(len(pairs))]
 
 
+def refuse_host_steps(monkeypatch) -> None:
+    """Every batched Host step (batched_ops.BATCHED) raises "a coroutine's host step ran"."""
+
+    def refuse(args, device):
+        raise AssertionError("a coroutine's host step ran")
+
+    for function in list(batched_ops.BATCHED):
+        monkeypatch.setitem(batched_ops.BATCHED, function, refuse)
+
+
 def _records(model, requests, concurrency: int, lockstep: bool) -> dict:
     executor = BatchedCalls(model, concurrency)
     return {request.key: out for request, out in decode_batched(executor, requests, concurrency, lockstep=lockstep)}
@@ -89,12 +99,7 @@ def test_lanes_give_the_coroutines_records(request, family, schedule, pad_verify
 def test_lanes_run_none_of_the_coroutines_host_steps(request, family, schedule, monkeypatch):
     """A greedy AR, Linear-SS or Packed-SS request is a lane: the batched host steps its coroutine
     would take never run; the coroutine engine (lockstep=False) does take them."""
-
-    def refuse(args, device):
-        raise AssertionError("a coroutine's host step ran")
-
-    for function in list(batched_ops.BATCHED):
-        monkeypatch.setitem(batched_ops.BATCHED, function, refuse)
+    refuse_host_steps(monkeypatch)
     model = request.getfixturevalue("tiny" if family == "nemotron" else "tiny_sdar")
     requests = _requests(schedule, True, list(zip(PROMPTS, CAPS)), family=family)
     assert len(_records(model, requests, 3, lockstep=True)) == len(PROMPTS)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from packedss.decoding import Sampling, batched_ops
+from packedss.decoding import Sampling
 from packedss.decoding import verify as verify_module
 from packedss.decoding.anyorder import ANYORDER_DECODERS, AnyOrderSettings
 from packedss.decoding.driver import Response, run_alone, schedule_named
@@ -19,7 +19,7 @@ from packedss.decoding.schedules import LTR_DECODERS
 from packedss.decoding.set_lockstep import set_steps_in_lockstep
 from packedss.models.batched import BatchedCalls
 from tests.decoding.test_batching import CAPS, GREEDY, MANY, PROMPTS, _same_decode
-from tests.decoding.test_lockstep import WIDE, _cut_at_nine, _fields
+from tests.decoding.test_lockstep import WIDE, _cut_at_nine, _fields, _records, refuse_host_steps
 from tests.decoding.test_syncs import counting_read_backs
 
 
@@ -31,11 +31,6 @@ def _requests(order: str, pairs, schedules=("packed",)):
         return Response(model, prompt, settings, _cut_at_nine if key % 2 else None, schedule_named(ANYORDER_DECODERS, schedule))
 
     return [Request(k, lambda model, k=k: start(model, k)) for k in range(len(pairs))]
-
-
-def _records(model, requests, concurrency: int, lockstep: bool) -> dict:
-    executor = BatchedCalls(model, concurrency)
-    return {request.key: out for request, out in decode_batched(executor, requests, concurrency, lockstep=lockstep)}
 
 
 # Every deciding row a near-tie at two concurrencies: their flags and margins are read per lane.
@@ -88,14 +83,9 @@ def test_blocks_of_equal_confidences_start_where_the_coroutines_do(tiny_set, sch
 @pytest.mark.parametrize("order", ["ltr", "confidence"])
 @pytest.mark.parametrize("schedule", ["ar", "linear", "packed"])
 def test_set_lanes_run_none_of_the_coroutines_host_steps(tiny_set, schedule, order, monkeypatch):
-    """A greedy set-family AR, Linear-SS or Packed-SS request is a SetLane: the batched host step its coroutine
-    would take never runs; the coroutine engine (lockstep=False) does take it."""
-
-    def refuse(args, device):
-        raise AssertionError("a coroutine's host step ran")
-
-    for function in list(batched_ops.BATCHED):
-        monkeypatch.setitem(batched_ops.BATCHED, function, refuse)
+    """A greedy set-family AR, Linear-SS or Packed-SS request is a SetLane: the batched host step
+    its coroutine would take never runs; the coroutine engine (lockstep=False) does take it."""
+    refuse_host_steps(monkeypatch)
     requests = _requests(order, list(zip(PROMPTS, CAPS)), (schedule,))
     assert len(_records(tiny_set, requests, 3, lockstep=True)) == len(PROMPTS)
     with pytest.raises(AssertionError, match="host step ran"):
