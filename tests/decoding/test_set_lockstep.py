@@ -135,3 +135,15 @@ def test_only_greedy_set_ar_linear_and_packed_step_as_set_lanes(tiny_set, tiny):
     assert [d.name for d in ANYORDER_DECODERS if set_steps_in_lockstep(decoder(d.name, 0.0, "ltr"))] == lanes
     assert not any(set_steps_in_lockstep(decoder(s, 1.0, order)) for s in lanes for order in ("ltr", "confidence"))
     assert not any(set_steps_in_lockstep(decoder(d.name, 0.0, model=tiny, decoders=LTR_DECODERS)) for d in LTR_DECODERS)
+
+
+def test_a_block_resolves_its_most_confident_position_first_and_the_leftmost_of_equals(tiny_set):
+    """anyorder._SetDecoder.begin_block, which the coroutines and the lanes share: the keys are the
+    confidences, the most confident proposal resolves, of equals the leftmost."""
+    settings = AnyOrderSettings("packed", 4, 8, (2,), GREEDY, order="confidence")
+    decoder = Response(tiny_set, [5, 17, 33], settings, None, schedule_named(ANYORDER_DECODERS, "packed")).decoder
+    window = [4, 5, 6, 7]
+    decoder.ran("prefill", 0, 4)  # resolve counts into the call's record
+    decoder.begin_block(window, [40, 50, 60, 70], [0.2, 0.7, 0.1, 0.7], lambda k: None)
+    assert decoder.keys == {4: 0.2, 5: 0.7, 6: 0.1, 7: 0.7}
+    assert decoder.pending == [(5, 50)] and decoder.tokens == {5: 50}

@@ -175,11 +175,16 @@ class _SetDecoder(Decoder):
         call = Listed(layout, tokens + [i for i, _ in prefix] + clean_positions + masks, read_from)
         logits = yield call
         self.call, self.written, self.clean = call, written, clean_tokens
+        self.ran(kind, 0 if kind == "prefill" else written, u)
+        return logits
+
+    def ran(self, kind: str, written: int, u: int) -> None:
+        """The records of a call that ran: its kind, u, p (the resolved rows it wrote to the cache; 0
+        for the prefill) and its resolved count, which `resolve` adds to."""
         self.kinds.append(kind)
         self.u.append(u)
-        self.p.append(0 if kind == "prefill" else len(prefix))
+        self.p.append(written)
         self.resolved.append(0)
-        return logits
 
     def clean_rows(self, count: int):
         """The last call's first `count` clean tokens on the device (the drafts it verifies)."""
@@ -219,11 +224,16 @@ class _SetDecoder(Decoder):
         the most confident position with its own proposal, keep the other proposals as drafts."""
         (proposed,) = yield from self.host(logits, Propose((rows,), confident=True, decides=True))
         self.store(window, proposed)
-        conf = proposed.confidence
-        self.keys = dict(zip(window, conf))
-        first = min(range(len(window)), key=lambda k: (-conf[k], window[k]))
-        item = (window[first], proposed.tokens[first])
-        self.note([window[first] - self.length], proposed.deciding(first))
+        return self.begin_block(window, proposed.tokens, proposed.confidence, proposed.deciding)
+
+    def begin_block(self, window: list[int], tokens: list[int], confidence: list[float], deciding) -> bool:
+        """A block starts from its proposals (`tokens`, stored as drafts): their `confidence` are its
+        frozen keys, and the most confident (the leftmost of equals) resolves; `deciding(k)` is what
+        decided proposal k. True = stop."""
+        self.keys = dict(zip(window, confidence))
+        first = min(range(len(window)), key=lambda k: (-confidence[k], window[k]))
+        item = (window[first], tokens[first])
+        self.note([window[first] - self.length], deciding(first))
         self.pending = [item]
         return self.resolve([item])
 
@@ -247,13 +257,20 @@ class _SetDecoder(Decoder):
         part = Verify(runs, drafts, tokens, q)
         emitted, *later = yield from self.host(logits, part, *more)
         h = m if len(emitted) > u else len(emitted) - 1  # m == u and all accepted: no correction
+        return h, self.accept(sigma, m, h, emitted, getattr(emitted, "deciding", None)), later
+
+    def accept(self, sigma: list[int], m: int, h: int, emitted: list[int], deciding) -> bool:
+        """Of sigma's m drafts, the first h accepted; `emitted` holds them and, unless all of sigma
+        was accepted, the correction or bonus at sigma[h] (which becomes `pending`); `deciding` is
+        what decided them. Commit the call's written rows and the accepted drafts, resolve them.
+        True = stop."""
         self.draft_proposed += m
         self.draft_accepted += h
         items = list(zip(sigma[:h], emitted[:h]))
-        self.pending = [] if h == u else [(sigma[h], emitted[h])]
-        self.note([i - self.length for i, _ in items + self.pending], getattr(emitted, "deciding", None))
+        self.pending = [] if h == len(sigma) else [(sigma[h], emitted[h])]
+        self.note([i - self.length for i, _ in items + self.pending], deciding)
         self.model.commit(self.p[-1] + h)
-        return h, self.resolve(items + self.pending), later
+        return self.resolve(items + self.pending)
 
     # ----------------------------------------------------------------- prefill and records
     def prefill(self) -> Steps:

@@ -116,7 +116,7 @@ class Readout:
         if len(read) > 1:
             self.read = torch.cat(read)
 
-    def confidences(self, lane: int, count: int) -> list[float]:
+    def confidences_of(self, lane: int, count: int) -> list[float]:
         """Lane k's (`lane`) `count` confidences, from the values read."""
         start = self.confidence + self.confident_offsets[lane]
         return floats_of(self.values[start : start + count], self.confidence_dtype)

@@ -130,7 +130,7 @@ class SetLane:
         record when it ended."""
         decoder, kind, u = self.decoder, self.kind, len(self.window)
         if kind is Kind.PREFILL:
-            self.ran("prefill", 0, u)
+            decoder.ran("prefill", 0, u)
             decoder.model.commit(decoder.length)
             self.kind = self.after_prefill
             done = self.start_block(readout, start, lane) if self.starting else self.first(readout, start, lane)
@@ -138,26 +138,26 @@ class SetLane:
         if kind is not Kind.VERIFY:
             self.before = (decoder.produced, decoder.draft_proposed, decoder.draft_accepted)
         if kind is Kind.DRAFT:
-            self.ran("draft", self.written, u)
+            decoder.ran("draft", self.written, u)
             decoder.model.commit(self.written)
             tokens = readout.values[start : start + u]
             for position, token in zip(self.window, tokens):
                 decoder.drafts[position] = (token, None)
             if self.starting:
-                decoder.keys = dict(zip(self.window, readout.confidences(lane, u)))
+                decoder.keys = dict(zip(self.window, readout.confidences_of(lane, u)))
             self.sigma, self.drafted = decoder.order(self.window), u
             self.kind = Kind.VERIFY
             return None
         if kind is Kind.VERIFY:
-            self.ran("verify", 0, u)
+            decoder.ran("verify", 0, u)
             done = self.verified(readout, start, lane)
             self.kind = Kind.DRAFT
         elif kind is Kind.AR:
-            self.ran("ar", self.written, u)
+            decoder.ran("ar", self.written, u)
             decoder.model.commit(self.written)
             done = self.start_block(readout, start, lane) if self.starting else self.first(readout, start, lane)
         else:
-            self.ran("packed", self.written, u)
+            decoder.ran("packed", self.written, u)
             if self.starting:
                 decoder.model.commit(self.written)
                 done = self.start_block(readout, start + u, lane)
@@ -179,14 +179,6 @@ class SetLane:
         decoder.model.reset()
         return record
 
-    def ran(self, kind: str, written: int, u: int) -> None:
-        """The records of a call that ran (anyorder._SetDecoder.run)."""
-        decoder = self.decoder
-        decoder.kinds.append(kind)
-        decoder.u.append(u)
-        decoder.p.append(written)
-        decoder.resolved.append(0)
-
     def decided(self, readout: Readout, lane: int, first: int, count: int) -> DecidedMargins:
         """What decided its tokens of deciding rows first.. (from its first deciding row), `count` of them."""
         at = readout.offsets[lane] + first
@@ -195,20 +187,14 @@ class SetLane:
 
     def start_block(self, readout: Readout, start: int, lane: int) -> bool:
         """anyorder._SetDecoder.start_block on the block's rows, rows start.. of the round: every
-        row's argmax is a draft, the most confident (the leftmost of equals) resolves, and the
-        confidences are the block's frozen keys."""
+        row's argmax is a draft, and the decoder's `begin_block` resolves the most confident."""
         decoder, window = self.decoder, self.window
         u = len(window)
         tokens = readout.values[start : start + u]
-        confidence = readout.confidences(lane, u)
         for position, token in zip(window, tokens):
             decoder.drafts[position] = (token, None)
-        decoder.keys = dict(zip(window, confidence))
-        first = min(range(u), key=lambda k: (-confidence[k], window[k]))
-        item = (window[first], tokens[first])
-        decoder.note([window[first] - decoder.length], self.decided(readout, lane, first, 1))
-        decoder.pending = [item]
-        return decoder.resolve([item])
+        return decoder.begin_block(window, tokens, readout.confidences_of(lane, u),
+                                   lambda k: self.decided(readout, lane, k, 1))  # fmt: skip
 
     def first(self, readout: Readout, start: int, lane: int) -> bool:
         """The first row's token resolves its position (the prefill's first token left to right, or
@@ -224,20 +210,14 @@ class SetLane:
     def verified(self, readout: Readout, start: int, lane: int) -> bool:
         """anyorder._SetDecoder.verify_ranks at T = 0: sigma's m drafts accepted while they equal
         their rank's query argmax, then one more token (the correction, or the bonus when m < u),
-        committed and resolved."""
+        by the decoder's `accept`."""
         decoder, values, sigma = self.decoder, readout.values, self.sigma
         u, m = len(self.window), self.drafted
         accepted = 0
         while accepted < m and decoder.drafts[sigma[accepted]][0] == values[start + accepted]:
             accepted += 1
-        decoder.draft_proposed += m
-        decoder.draft_accepted += accepted
-        items = list(zip(sigma[:accepted], values[start : start + accepted]))
-        decoder.pending = [] if accepted == u else [(sigma[accepted], values[start + accepted])]
-        decided = items + decoder.pending
-        decoder.note([i - decoder.length for i, _ in decided], self.decided(readout, lane, 0, len(decided)))
-        decoder.model.commit(decoder.p[-1] + accepted)
-        return decoder.resolve(decided)
+        decided = min(accepted + 1, u)
+        return decoder.accept(sigma, m, accepted, values[start : start + decided], self.decided(readout, lane, 0, decided))
 
     def close(self) -> None:
         """Drop its slot's cache (a decode ended early)."""
