@@ -9,7 +9,8 @@ ordered by the probability each of its draft rows gave its argmax. So one `Reado
 every row, the deciding rows' near-tie flags, the starting blocks' confidences as the float's bits)
 gives every request all it needs. A `SetLane` is such a request: its decoder's own state (resolved
 tokens, window, drafts, frozen keys, records), stepped by the decoder's plain methods (`window`,
-`order`, `resolve`), plus what its next call carries. Its decode is the coroutine's, call for call
+`order`, `resolve`, and `ran`, `begin_block` and `accept`, which its coroutine calls too), plus what
+its next call carries. Its decode is the coroutine's, call for call
 (tests/decoding/test_set_lockstep.py holds the records equal field by field, times aside).
 """
 
