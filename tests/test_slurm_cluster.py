@@ -50,10 +50,13 @@ REQUEUED_WORK_S = 10
 # signal_delay_s + 30 s of the limit. The time-limited job starts with a long limit, cut to whole
 # minutes at least LIMIT_MARGIN_S ahead once its first run has written a record (its start-up
 # takes longer on a loaded machine than a short limit leaves): the signal then comes at most
-# 60 + LIMIT_MARGIN_S - SIGNAL_DELAY_S seconds after the cut.
-SIGNAL_DELAY_S = 12
+# max(30, 60 + LIMIT_MARGIN_S - SIGNAL_DELAY_S) seconds after the cut, 30 with this delay, which
+# still leaves the job SIGNAL_DELAY_S seconds to stop at a record boundary before its limit.
+SIGNAL_DELAY_S = 35
 LIMIT_MARGIN_S = 5
-TIME_LIMITED_WORK_S = 70  # more decoding than a first run can do between the cut and its signal
+# More decoding than a first run can do between the cut and its signal, even when the calibration
+# ran 1.5 times slower than the job does (its second run decodes the rest).
+TIME_LIMITED_WORK_S = 50
 DEADLINE_S = 400
 STARTED = time.monotonic()
 
