@@ -116,6 +116,17 @@ class Readout:
         if len(read) > 1:
             self.read = torch.cat(read)
 
+    def near_ties_of(self, lane: int, first: int, count: int) -> list[int]:
+        """Lane k's (`lane`) near-tie flags of its deciding rows first..first + count, from the values read."""
+        at = self.flags + self.offsets[lane] + first
+        return self.values[at : at + count]
+
+    def decided(self, lane: int, first: int, count: int) -> DecidedMargins:
+        """What decided lane k's tokens of its deciding rows first..first + count: their margins
+        (Rows of `margin`) and near-tie flags."""
+        at = self.offsets[lane] + first
+        return DecidedMargins(Rows(self.margin, at, at + count), self.near_ties_of(lane, first, count))
+
     def confidences_of(self, lane: int, count: int) -> list[float]:
         """Lane k's (`lane`) `count` confidences, from the values read."""
         start = self.confidence + self.confident_offsets[lane]
@@ -280,13 +291,8 @@ class Lane:
     def note(self, readout: Readout, lane: int, indexes) -> None:
         """The near-ties among its deciding rows (lane k = `lane` of `readout`), which decided
         the tokens at output `indexes`, one row each."""
-        if self.ties is None:
-            return
-        start = readout.offsets[lane]
-        end = start + len(indexes)
-        flags = readout.values[readout.flags + start : readout.flags + end]
-        if 1 in flags:
-            self.ties.note(indexes, DecidedMargins(Rows(readout.margin, start, end), flags))
+        if self.ties is not None and 1 in readout.near_ties_of(lane, 0, len(indexes)):
+            self.ties.note(indexes, readout.decided(lane, 0, len(indexes)))
 
     def close(self) -> None:
         """Drop its slot's cache (a decode ended early)."""

@@ -20,9 +20,7 @@ from packedss.decoding.anyorder import _AR, _Linear, _packed_layout, _Packed, _v
 from packedss.decoding.calls import Listed
 from packedss.decoding.driver import Decoder, finished
 from packedss.decoding.lockstep import Kind, Readout
-from packedss.decoding.rows import Rows
 from packedss.decoding.trace import Decoded
-from packedss.decoding.verify import DecidedMargins
 
 
 _AFTER_PREFILL = {_AR: Kind.AR, _Linear: Kind.DRAFT, _Packed: Kind.PACKED}
@@ -180,12 +178,6 @@ class SetLane:
         decoder.model.reset()
         return record
 
-    def decided(self, readout: Readout, lane: int, first: int, count: int) -> DecidedMargins:
-        """What decided its tokens of deciding rows first.. (from its first deciding row), `count` of them."""
-        at = readout.offsets[lane] + first
-        flags = readout.values[readout.flags + at : readout.flags + at + count]
-        return DecidedMargins(Rows(readout.margin, at, at + count), flags)
-
     def start_block(self, readout: Readout, start: int, lane: int) -> bool:
         """anyorder._SetDecoder.start_block on the block's rows, rows start.. of the round: every
         row's argmax is a draft, and the decoder's `begin_block` resolves the most confident."""
@@ -195,14 +187,14 @@ class SetLane:
         for position, token in zip(window, tokens):
             decoder.drafts[position] = (token, None)
         return decoder.begin_block(window, tokens, readout.confidences_of(lane, u),
-                                   lambda k: self.decided(readout, lane, k, 1))  # fmt: skip
+                                   lambda k: readout.decided(lane, k, 1))  # fmt: skip
 
     def first(self, readout: Readout, start: int, lane: int) -> bool:
         """The first row's token resolves its position (the prefill's first token left to right, or
         an AR step's); a Packed-SS prefill's other rows give the first drafts."""
         decoder = self.decoder
         tokens = readout.values[start : start + len(self.window)]
-        decoder.note([self.window[0] - decoder.length], self.decided(readout, lane, 0, 1))
+        decoder.note([self.window[0] - decoder.length], readout.decided(lane, 0, 1))
         for position, token in zip(self.window[1:], tokens[1:]):
             decoder.drafts[position] = (token, None)
         decoder.pending = [(self.window[0], tokens[0])]
@@ -218,7 +210,7 @@ class SetLane:
         while accepted < m and decoder.drafts[sigma[accepted]][0] == values[start + accepted]:
             accepted += 1
         decided = min(accepted + 1, u)
-        return decoder.accept(sigma, m, accepted, values[start : start + decided], self.decided(readout, lane, 0, decided))
+        return decoder.accept(sigma, m, accepted, values[start : start + decided], readout.decided(lane, 0, decided))
 
     def close(self) -> None:
         """Drop its slot's cache (a decode ended early)."""
