@@ -2,9 +2,11 @@
 all of them pass; the same solutions with every function body replaced by `return None` all
 fail, and so do empty outputs (a grader that passes anything would pass those).
 
-`make test` grades a fixed part of each data set: every task whose check takes a path of its own
-(own_path) and every SUBSET_STRIDE-th of the others. `make test-references` (pytest's
---all-references) grades every task."""
+`make test` grades a fixed part of each data set: every SUBSET_STRIDE-th task, and every task
+that takes a grading path no task before it in the part took (`paths`: each module a program
+imports, one path per module; a task's own set-up code, tolerance, not-None oracle or inputs that
+JSON cannot hold, one path per task). `make test-references` (pytest's --all-references) grades
+every task."""
 
 import ast
 from math import inf, nan
@@ -65,41 +67,59 @@ def holds_non_json(value) -> bool:
     return isinstance(value, dict) and any(map(holds_non_json, value.values()))
 
 
-def own_path(q) -> bool:
-    """Whether the grading of q takes a path most tasks do not: imports in the program (the sandbox
-    loads them before it drops privileges), MBPP's set-up code and test imports, MBPP+'s tolerance,
-    not-None oracle and inputs that JSON cannot hold."""
+def paths(q) -> set[tuple]:
+    """The grading paths q takes that most tasks do not. A module the program imports (the sandbox
+    loads it before it drops privileges) is one path whichever task imports it; MBPP's set-up code
+    and MBPP+'s tolerance, not-None oracle and inputs that JSON cannot hold (which EvalPlus
+    rebuilds task by task) are each task's own."""
     ref = q.reference
     program = ref.get("prompt", "") + canonical_output(q) + ref.get("ground_truth", "")
-    if _imported_modules(program) or ref.get("test_setup_code") or ref.get("test_imports"):
-        return True
-    if ref.get("format") != "evalplus":
-        return False
-    inputs = [eval(ref[part], {"inf": inf, "nan": nan}) for part in ("base_input", "plus_input")]  # the loader's repr()
-    return bool(ref["atol"]) or ref["entry_point"] in MBPP_OUTPUT_NOT_NONE_TASKS or holds_non_json(inputs)
+    taken = {("import", module) for module in _imported_modules(program)}
+    taken |= {("test import", line) for line in ref.get("test_imports") or []}
+    if ref.get("test_setup_code"):
+        taken.add(("set-up code", id(q)))
+    if ref.get("format") == "evalplus":
+        inputs = [eval(ref[part], {"inf": inf, "nan": nan}) for part in ("base_input", "plus_input")]  # the loader's repr()
+        if ref["atol"] or ref["entry_point"] in MBPP_OUTPUT_NOT_NONE_TASKS or holds_non_json(inputs):
+            taken.add(("own check", id(q)))
+    return taken
 
 
 def graded_part(questions: list, everything: bool) -> list:
     if everything:
         return questions
-    return [q for i, q in enumerate(questions) if i % SUBSET_STRIDE == 0 or own_path(q)]
+    part, taken = [], set()
+    for i, q in enumerate(questions):
+        own = paths(q)
+        if i % SUBSET_STRIDE == 0 or not own <= taken:
+            part.append(q)
+            taken |= own
+    return part
 
 
-def test_the_part_graded_by_default_holds_every_special_path_and_a_share_of_the_rest():
+def test_the_part_graded_by_default_takes_every_path_and_a_share_of_the_rest():
     def question(**reference):
         return SimpleNamespace(reference=reference, metadata={"canonical_solution": "def f(x):\n    return x\n"})
 
     plain = dict(format="evalplus", entry_point="f", ground_truth="def f(x):\n    return x\n", atol=0,
                  base_input="[[1]]", plus_input="[[2, 'a', inf]]")  # fmt: skip
-    special = [plain | {"atol": 1e-6}, plain | {"ground_truth": "import math\n"}, plain | {"plus_input": "[[(1, 2)]]"},
-               plain | {"base_input": "[[[{1}]]]"}, plain | {"plus_input": "[[(1+2j)]]"},
-               plain | {"entry_point": sorted(MBPP_OUTPUT_NOT_NONE_TASKS)[0]},
-               {"format": "asserts", "test_setup_code": "x = 1", "test_imports": [], "test_list": []},
-               {"format": "asserts", "test_setup_code": "", "test_imports": ["import re"], "test_list": []},
-               {"prompt": "import math\n", "test": "", "entry_point": "f"}]  # fmt: skip
-    questions = [question(**plain) for _ in range(2 * SUBSET_STRIDE)] + [question(**ref) for ref in special]
+    set_up = {"format": "asserts", "test_setup_code": "x = 1", "test_imports": [], "test_list": []}
+    test_import = {"format": "asserts", "test_setup_code": "", "test_imports": ["import re"], "test_list": []}
+    # (reference, graded): a module imported before is no new path; a task's own check always is
+    special = [(plain | {"atol": 1e-6}, True), (plain | {"ground_truth": "import math\n"}, True),
+               ({"prompt": "import math\n", "test": "", "entry_point": "f"}, False),
+               (plain | {"plus_input": "[[(1, 2)]]"}, True), (plain | {"base_input": "[[[{1}]]]"}, True),
+               (plain | {"plus_input": "[[(1+2j)]]"}, True),
+               (plain | {"entry_point": sorted(MBPP_OUTPUT_NOT_NONE_TASKS)[0]}, True), (set_up, True),
+               (plain, True),  # at a multiple of SUBSET_STRIDE
+               (test_import, True), (plain | {"ground_truth": "import math\nimport heapq\n"}, True),
+               (set_up, True), (plain | {"atol": 1e-6}, True),
+               (plain | {"ground_truth": "from heapq import nlargest\n"}, False), (test_import, False),
+               (plain, False)]  # fmt: skip
+    questions = [question(**plain) for _ in range(2 * SUBSET_STRIDE)] + [question(**ref) for ref, _ in special]
+    graded = [0, SUBSET_STRIDE] + [2 * SUBSET_STRIDE + k for k, (_, taken) in enumerate(special) if taken]
     position = {id(q): i for i, q in enumerate(questions)}
-    assert [position[id(q)] for q in graded_part(questions, everything=False)] == [0, SUBSET_STRIDE] + list(range(2 * SUBSET_STRIDE, len(questions)))
+    assert [position[id(q)] for q in graded_part(questions, everything=False)] == graded
     assert graded_part(questions, everything=True) == questions
 
 
