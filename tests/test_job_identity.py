@@ -75,10 +75,10 @@ def test_float16_beside_float32_are_two_rows_not_duplicates(model_overrides, tmp
 @pytest.mark.slow
 def test_compiled_beside_eager_are_two_rows(model_overrides, tmp_path):
     records = tmp_path / "D" / "records"
-    run_py(["-m", *model_overrides, "limit=2", "max_new_tokens=16", "model.compile=none,default", f"out_dir={records}"],
+    run_py(["-m", *model_overrides, "width=4", "limit=2", "max_new_tokens=24", "model.compile=none,default", f"out_dir={records}"],
            tmp_path)  # fmt: skip
     files = _files(records)
-    assert sorted(readable_name(f) for f in files) == ["packed-W8-T0-s0-compiled-default.jsonl", "packed-W8-T0-s0.jsonl"]
+    assert sorted(readable_name(f) for f in files) == ["packed-W4-T0-s0-compiled-default.jsonl", "packed-W4-T0-s0.jsonl"]
     table = _table6(tmp_path / "D")
     _matches_own_records(table, files, "Packed-SS")
     assert sorted(table["Config"]) == ['compile=default', 'compile=none']
