@@ -75,6 +75,8 @@ def test_float16_beside_float32_are_two_rows_not_duplicates(model_overrides, tmp
 @pytest.mark.slow
 def test_compiled_beside_eager_are_two_rows(model_overrides, tmp_path):
     records = tmp_path / "D" / "records"
+    # tests/test_runner_compile.py's compiled run's settings: whichever runs second finds the
+    # other's graphs in inductor's FX graph cache
     run_py(["-m", *model_overrides, "width=4", "limit=2", "max_new_tokens=24", "model.compile=none,default", f"out_dir={records}"],
            tmp_path)  # fmt: skip
     files = _files(records)
