@@ -13,6 +13,7 @@ import pytest
 from packedss.analysis.__main__ import main as analyse
 from packedss.records import read_records
 from tests.test_runner import readable_name, run_py
+from tests.test_runner_compile import COMPILED_RUN
 
 
 def _files(out: Path) -> list[Path]:
@@ -75,10 +76,7 @@ def test_float16_beside_float32_are_two_rows_not_duplicates(model_overrides, tmp
 @pytest.mark.slow
 def test_compiled_beside_eager_are_two_rows(model_overrides, tmp_path):
     records = tmp_path / "D" / "records"
-    # tests/test_runner_compile.py's compiled run's settings: whichever runs second finds the
-    # other's graphs in inductor's FX graph cache
-    run_py(["-m", *model_overrides, "width=4", "limit=2", "max_new_tokens=24", "model.compile=none,default", f"out_dir={records}"],
-           tmp_path)  # fmt: skip
+    run_py(["-m", *model_overrides, *COMPILED_RUN, "model.compile=none,default", f"out_dir={records}"], tmp_path)
     files = _files(records)
     assert sorted(readable_name(f) for f in files) == ["packed-W4-T0-s0-compiled-default.jsonl", "packed-W4-T0-s0.jsonl"]
     table = _table6(tmp_path / "D")

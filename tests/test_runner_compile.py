@@ -11,8 +11,13 @@ from packedss.runner import run_job
 from tests.test_fidelity import _compose
 
 
+# The compiled run's settings; tests/test_job_identity.py's compiled job decodes them too, so that
+# whichever of the two runs second finds the other's graphs in inductor's FX graph cache.
+COMPILED_RUN = ["schedule=packed", "width=4", "limit=2", "max_new_tokens=24"]
+
+
 def test_compiled_run_equals_the_eager_run(model_overrides, tmp_path):
-    common = [*model_overrides, "schedule=packed", "width=4", "limit=2", "max_new_tokens=24", f"out_dir={tmp_path}"]
+    common = [*model_overrides, *COMPILED_RUN, f"out_dir={tmp_path}"]
     eager = run_job(_compose(common))
     compiled = run_job(_compose([*common, "model.compile=default"]))
     assert compiled.path != eager.path and "-compiled-default" in compiled.path.name
