@@ -12,7 +12,7 @@ from packedss.decoding import batched_anyorder
 from packedss.decoding import AnyOrderSettings, decode_anyorder
 from packedss.decoding.verify import Sampling
 from packedss.models.setdlm import load_setdlm
-from tests.chi_square import LEVEL, accept_every_draft, chi_square_p
+from tests.chi_square import CONTROL_RUNS, LEVEL, accept_every_draft, chi_square_p
 from tests.anyorder_fixtures import SET_EOS, ToySetModel, plain_ar, plain_confidence, write_random_setdlm
 
 GREEDY = Sampling(0.0, "rejection", None)
@@ -233,10 +233,10 @@ def exact_ltr_distribution(model: ToySetModel) -> dict[tuple[int, ...], float]:
     return probs
 
 
-def sample_many(schedule: str, rule: str, width: int = 2) -> list[tuple[int, ...]]:
+def sample_many(schedule: str, rule: str, width: int = 2, runs: int = RUNS) -> list[tuple[int, ...]]:
     model = ToySetModel()
     samples = []
-    for seed in range(RUNS):
+    for seed in range(runs):
         sampling = Sampling(1.0, rule, torch.Generator().manual_seed(seed))
         out = decode_anyorder(model, TOY_PROMPT, AnyOrderSettings(schedule, width, LENGTH, (), sampling))
         samples.append(tuple(out.tokens))
@@ -268,7 +268,7 @@ def test_sampled_ltr_schedules_preserve_the_ar_distribution(exact, schedule, rul
 @pytest.mark.parametrize("schedule", ["linear", "packed"])
 def test_broken_verifier_fails_the_same_test(exact, schedule, monkeypatch):
     monkeypatch.setattr(batched_anyorder, "verify", accept_every_draft)
-    assert chi_square_p(sample_many(schedule, "rejection"), exact) < LEVEL
+    assert chi_square_p(sample_many(schedule, "rejection", runs=CONTROL_RUNS), exact) < LEVEL
 
 
 def test_toy_drafts_are_accepted_sometimes_and_rejected_sometimes():

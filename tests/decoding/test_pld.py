@@ -20,7 +20,7 @@ from packedss.models.static import enable_static, end_warmup, static_capacity
 from packedss.paths import PROJECT_ROOT
 from tests.anyorder_fixtures import ToySetModel
 from tests.decoding import test_batching as batching
-from tests.chi_square import LEVEL, accept_every_draft, chi_square_p
+from tests.chi_square import CONTROL_RUNS, LEVEL, accept_every_draft, chi_square_p
 from tests.decoding.test_anyorder import exact_ltr_distribution
 from tests.decoding.test_distribution import exact_ar_distribution
 from tests.decoding.test_sdar_schedules import ToySDAR
@@ -115,9 +115,9 @@ def test_greedy_pld_equals_ar_on_toy_models(family):
     assert max(accepted) >= 1  # some drafts were accepted, so verification was exercised
 
 
-def _samples(family: str, rule: str) -> list[tuple[int, ...]]:
+def _samples(family: str, rule: str, runs: int = RUNS) -> list[tuple[int, ...]]:
     samples = []
-    for seed in range(RUNS):
+    for seed in range(runs):
         sampling = Sampling(1.0, rule, torch.Generator().manual_seed(seed))
         out = _decode(family, TOYS[family](), TOY_PROMPT, "pld", 3, LENGTH, sampling)
         samples.append(tuple(out.tokens))
@@ -148,7 +148,7 @@ def test_pld_drafts_at_t1_are_accepted_sometimes_and_rejected_sometimes():
 
 def test_a_verifier_that_accepts_every_draft_fails_the_same_test(exact, monkeypatch):
     monkeypatch.setattr(pld_module, "verify", accept_every_draft)
-    assert chi_square_p(_samples("nemotron", "rejection"), exact["nemotron"]) < LEVEL
+    assert chi_square_p(_samples("nemotron", "rejection", runs=CONTROL_RUNS), exact["nemotron"]) < LEVEL
 
 
 # ------------------------------------------------------------------ batched, sampled and static paths
