@@ -14,6 +14,12 @@ LEVEL = 1e-3  # reject "same distribution" below this p-value
 CONTROL_RUNS = 1000
 
 
+def schedules_and_rules(drafting: tuple[str, ...]) -> list[tuple[str, str]]:
+    """The (schedule, rule) cases of a distribution test: AR once (it verifies no drafts, so it
+    reads no rule: its samples are the same under both), each drafting schedule under both rules."""
+    return [("ar", "rejection")] + [(schedule, rule) for schedule in drafting for rule in ("rejection", "match")]
+
+
 def chi_square_p(samples: list[tuple[int, ...]], probs: dict) -> float:
     """Chi-square goodness of fit of sampled sequences against exact probabilities; cells with
     expected count < 5 are pooled into one."""

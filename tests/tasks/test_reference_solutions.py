@@ -70,9 +70,8 @@ def holds_non_json(value) -> bool:
 def paths(q) -> set[tuple]:
     """The grading paths q takes that most tasks do not. A module the program imports (the sandbox
     loads it before it drops privileges) is one path whichever task imports it, and so is each of
-MBPP's test imports; MBPP's set-up code
-    and MBPP+'s tolerance, not-None oracle and inputs that JSON cannot hold (which EvalPlus
-    rebuilds task by task) are each task's own."""
+    MBPP's test imports; MBPP's set-up code and MBPP+'s tolerance, not-None oracle and inputs that
+    JSON cannot hold (which EvalPlus rebuilds task by task) are each task's own."""
     ref = q.reference
     program = ref.get("prompt", "") + canonical_output(q) + ref.get("ground_truth", "")
     taken = {("import", module) for module in _imported_modules(program)}
