@@ -10,29 +10,23 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 import transformers
 
+from packedss.errors import run_reporting
 from packedss.paths import PROJECT_ROOT
-
-# Runs the module as `python -m packedss.preflight ARGS` would, after a change to the environment.
-RUN = "import runpy, sys; sys.argv = ['preflight', *sys.argv[1:]]; runpy.run_module('packedss.preflight', run_name='__main__')"
-OLD_BACKBONE = """
-import transformers
-
-class Qwen3Model:  # transformers 5.17's signature: the cache is past_key_values, anything else is swallowed
-    def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, **kwargs):
-        pass
-
-transformers.Qwen3Model = Qwen3Model
-"""
-NO_HYDRA = "import sys; sys.modules['hydra'] = None; sys.modules['omegaconf'] = None\n"
+from packedss.preflight import main
 
 
-def preflight(*args: str, prelude: str = "") -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT / "src")}
-    return subprocess.run([sys.executable, "-c", prelude + RUN, *args], capture_output=True, text=True, env=env,
-                          timeout=300)  # fmt: skip
+def preflight(capsys, *args: str) -> tuple[int, str, str]:
+    """`python -m packedss.preflight ARGS` in this process (its exit status, stdout, stderr): the
+    changes to the environment are the test's monkeypatches; the module as a fresh interpreter
+    runs it is the first test's."""
+    capsys.readouterr()
+    status = run_reporting(lambda: main(list(args)))
+    out = capsys.readouterr()
+    return status, out.out, out.err
 
 
 def test_the_preflight_prints_one_line_of_versions_and_passes_here(tmp_path):
@@ -49,24 +43,34 @@ def test_the_preflight_prints_one_line_of_versions_and_passes_here(tmp_path):
     assert report["backbones"] == {"Ministral3Model": "takes 'cache'", "Qwen3Model": "takes 'cache'"}
 
 
-def test_a_backbone_without_the_cache_keyword_is_refused_in_one_line(tmp_path):
-    done = preflight("--json", str(tmp_path / "preflight.json"), prelude=OLD_BACKBONE)
-    assert done.returncode == 2 and len(done.stdout.splitlines()) == 1  # the versions still come first
-    (line,) = done.stderr.splitlines()
+def test_a_backbone_without_the_cache_keyword_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    class Qwen3Model:  # transformers 5.17's signature: the cache is past_key_values, anything else is swallowed
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None, **kwargs):
+            pass
+
+    monkeypatch.setattr(transformers, "Qwen3Model", Qwen3Model)
+    status, out, err = preflight(capsys, "--json", str(tmp_path / "preflight.json"))
+    assert status == 2 and len(out.splitlines()) == 1  # the versions still come first
+    (line,) = err.splitlines()
     assert line.startswith(f"error: transformers {transformers.__version__}: Qwen3Model.forward takes no 'cache' keyword "
                            "(its cache keyword: past_key_values)")  # fmt: skip
     assert "install transformers~=5.24.0" in line
     assert json.loads((tmp_path / "preflight.json").read_text())["refused"] == line.removeprefix("error: ")
 
 
-def test_absent_hydra_is_reported_and_refused_only_when_required():
-    done = preflight(prelude=NO_HYDRA)
-    assert done.returncode == 0, done.stderr
-    assert "hydra-core absent, omegaconf absent" in done.stdout
-    done = preflight("--require", "hydra-core,omegaconf", prelude=NO_HYDRA)
-    assert done.returncode == 2 and "hydra-core absent" in done.stdout
-    (line,) = done.stderr.splitlines()
+def test_absent_hydra_is_reported_and_refused_only_when_required(capsys, monkeypatch):
+    for module in ("hydra", "omegaconf"):
+        monkeypatch.setitem(sys.modules, module, None)  # an import of it then fails, as where it is not installed
+    status, out, err = preflight(capsys)
+    assert status == 0, err
+    assert "hydra-core absent, omegaconf absent" in out
+    status, out, err = preflight(capsys, "--require", "hydra-core,omegaconf")
+    assert status == 2 and "hydra-core absent" in out
+    (line,) = err.splitlines()
     assert line.startswith("error: hydra-core and omegaconf absent, but the steps after this one import them; ")
-    done = preflight("--require", "hydra")
-    assert done.returncode == 2 and done.stderr.startswith("error: argument --require: unknown hydra; valid: hydra-core")
-    assert len(done.stderr.splitlines()) == 1
+    monkeypatch.undo()
+    with pytest.raises(SystemExit) as exit:
+        preflight(capsys, "--require", "hydra")
+    err = capsys.readouterr().err
+    assert exit.value.code == 2 and err.startswith("error: argument --require: unknown hydra; valid: hydra-core")
+    assert len(err.splitlines()) == 1
