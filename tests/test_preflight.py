@@ -69,8 +69,8 @@ def test_absent_hydra_is_reported_and_refused_only_when_required(capsys, monkeyp
     (line,) = err.splitlines()
     assert line.startswith("error: hydra-core and omegaconf absent, but the steps after this one import them; ")
     monkeypatch.undo()
-    with pytest.raises(SystemExit) as exit:
+    with pytest.raises(SystemExit) as refused:
         preflight(capsys, "--require", "hydra")
     err = capsys.readouterr().err
-    assert exit.value.code == 2 and err.startswith("error: argument --require: unknown hydra; valid: hydra-core")
+    assert refused.value.code == 2 and err.startswith("error: argument --require: unknown hydra; valid: hydra-core")
     assert len(err.splitlines()) == 1

@@ -77,7 +77,7 @@ def test_a_cost_twin_times_the_batched_call_of_its_cost_model(composed, tmp_path
 
 
 # pld's calls are 1 + m rows for a lookup draft of m: a full draft (W + 1), no match (1), and a match near the context's end.
-# One worker runs both, linear first, so that pld's 2x9 graph is read from inductor's cache, not compiled again.
+# One worker runs both, linear first, so that pld finds the 2x9 graph linear compiled instead of compiling it again.
 @pytest.mark.xdist_group("runner-compiled")
 @pytest.mark.parametrize("schedule, shapes", [("linear", ["2x9 rows"]), ("pld", ["2x9 rows", "2x1 rows", "2x4 rows"])])
 def test_a_compiled_batched_job_writes_the_eager_outputs(composed, tmp_path, schedule, shapes):
